@@ -1,0 +1,122 @@
+"""The checkpoint: the change log's durable position, replaced atomically after each batch.
+
+Every transaction whose commit end LSN is at or below ``lsn`` is in the log, exactly once; the
+slot may be advanced to ``lsn`` and no further (invariant 2). Per table it records the end LSN of
+the last transaction that changed it (a sensor compares that with the table's applied LSN by
+reading this one small file) and its latest schema version.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cdc_assets.changelog.layout import CHECKPOINT
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.errors import CdcError
+from cdc_assets.lsn import format_lsn
+from cdc_assets.pgoutput.schema import RelationSchema
+
+FORMAT = 1
+
+
+@dataclass(slots=True, frozen=True)
+class TableState:
+    """What the log holds for one table."""
+
+    last_change_lsn: int
+    schema_version: int
+    relation: RelationSchema
+
+
+@dataclass(slots=True, frozen=True)
+class PreparedEntry:
+    """A prepared (two-phase) transaction stored in ``folder``, waiting for its outcome."""
+
+    gid: str
+    xid: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time_us: int
+    folder: str
+    origin: str | None = None
+    origin_lsn: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Checkpoint:
+    slot: str
+    lsn: int
+    tables: dict[str, TableState] = field(default_factory=dict)
+    prepared: dict[str, PreparedEntry] = field(default_factory=dict)
+    snapshot_lsn: int | None = None
+
+    def advanced(self, lsn: int, **changes: Any) -> Checkpoint:
+        return replace(self, lsn=lsn, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "slot": self.slot,
+            "lsn": self.lsn,
+            "lsn_text": format_lsn(self.lsn),
+            "snapshot_lsn": self.snapshot_lsn,
+            "tables": {
+                name: {
+                    "last_change_lsn": state.last_change_lsn,
+                    "schema_version": state.schema_version,
+                    "relation": state.relation.to_json(),
+                }
+                for name, state in sorted(self.tables.items())
+            },
+            "prepared": {
+                gid: {
+                    "xid": p.xid,
+                    "prepare_lsn": p.prepare_lsn,
+                    "end_lsn": p.end_lsn,
+                    "prepare_time_us": p.prepare_time_us,
+                    "folder": p.folder,
+                    "origin": p.origin,
+                    "origin_lsn": p.origin_lsn,
+                }
+                for gid, p in sorted(self.prepared.items())
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Checkpoint:
+        if data.get("format") != FORMAT:
+            raise CdcError(f"checkpoint format {data.get('format')!r} is not supported (expected {FORMAT})")
+        return cls(
+            slot=str(data["slot"]),
+            lsn=int(data["lsn"]),
+            snapshot_lsn=data.get("snapshot_lsn"),
+            tables={
+                name: TableState(int(s["last_change_lsn"]), int(s["schema_version"]), RelationSchema.from_json(s["relation"]))
+                for name, s in data.get("tables", {}).items()
+            },
+            prepared={
+                gid: PreparedEntry(
+                    gid, int(p["xid"]), int(p["prepare_lsn"]), int(p["end_lsn"]), int(p["prepare_time_us"]),
+                    str(p["folder"]), p.get("origin"), p.get("origin_lsn"),
+                )
+                for gid, p in data.get("prepared", {}).items()
+            },
+        )
+
+
+def read_checkpoint(store: LogStore) -> Checkpoint | None:
+    """The current checkpoint, or None for a log that was never set up."""
+    raw = store.read_bytes(CHECKPOINT)
+    if raw is None:
+        return None
+    try:
+        return Checkpoint.from_json(json.loads(raw))
+    except (ValueError, KeyError, TypeError) as error:
+        raise CdcError(f"checkpoint {store.path(CHECKPOINT)} is unreadable: {error}") from None
+
+
+def write_checkpoint(store: LogStore, checkpoint: Checkpoint) -> None:
+    """Replace the checkpoint atomically (call only once the batch's files are durable)."""
+    store.replace(CHECKPOINT, json.dumps(checkpoint.to_json(), indent=1).encode())

@@ -1,0 +1,129 @@
+"""Reading the change log: only what the checkpoint has made valid, in log order.
+
+A table's segments are read in name order (batch start, then part), which is commit order;
+``read_changes`` yields them with the schema version each was written with, restricted to
+transactions with end LSN in ``(after, upto]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
+from cdc_assets.changelog.layout import (
+    MESSAGES,
+    PREPARED,
+    TABLES,
+    TRANSACTIONS,
+    SegmentName,
+    table_folder,
+    table_of_folder,
+)
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.changelog.writer import RELATION_KEY
+from cdc_assets.pgoutput.schema import RelationSchema
+
+
+@dataclass(slots=True, frozen=True)
+class Segment:
+    path: str
+    name: SegmentName
+
+
+@dataclass(slots=True)
+class ChangeChunk:
+    """Change records of one segment, with the schema version they were written with."""
+
+    relation: RelationSchema
+    schema_version: int
+    records: pa.Table
+
+
+class ChangeLogReader:
+    """Reads a change log at ``root`` (a local path or a pyarrow filesystem URI)."""
+
+    def __init__(self, root: str | LogStore) -> None:
+        self.store = root if isinstance(root, LogStore) else LogStore(root)
+
+    def checkpoint(self) -> Checkpoint | None:
+        return read_checkpoint(self.store)
+
+    def tables(self) -> list[str]:
+        """Every table the log has records of."""
+        return [table_of_folder(folder) for folder in self.store.folders(TABLES)]
+
+    def segments(self, folder: str, upto: int) -> list[Segment]:
+        """Valid segments of ``folder``: those whose batch started before the checkpoint ``upto``."""
+        found = []
+        for path in self.store.list(folder):
+            name = SegmentName.parse(path)
+            if name is not None and name.batch_start < upto:
+                found.append(Segment(path, name))
+        return sorted(found, key=lambda s: s.name)
+
+    def read_changes(self, table: str, after: int = -1, upto: int | None = None) -> Iterator[ChangeChunk]:
+        """The table's change records of transactions with end LSN in ``(after, upto]``, in order
+        (``upto`` defaults to the checkpoint)."""
+        limit = self._limit(upto)
+        segments = self.segments(table_folder(table), limit)
+        # A batch holds end LSNs in (its start, next batch's start]: skip batches wholly <= after.
+        starts = sorted({s.name.batch_start for s in segments})
+        first = max([b for b in starts if b <= after] or [starts[0] if starts else 0])
+        for segment in segments:
+            if segment.name.batch_start < first:
+                continue
+            parquet = pq.ParquetFile(self.store.path(segment.path), filesystem=self.store.fs)
+            metadata = json.loads(parquet.schema_arrow.metadata[RELATION_KEY])
+            records = parquet.read()
+            end = records.column("_cdc_end_lsn")
+            keep = pc.and_(pc.greater(end, after), pc.less_equal(end, limit))
+            records = records.filter(keep).replace_schema_metadata(None)
+            if records.num_rows:
+                yield ChangeChunk(RelationSchema.from_json(metadata), int(metadata["schema_version"]), records)
+
+    def transactions(self, after: int = -1, upto: int | None = None) -> pa.Table:
+        """One row per committed transaction with end LSN in ``(after, upto]``."""
+        return self._read_log(TRANSACTIONS, "end_lsn", after, upto)
+
+    def messages(self, after: int = -1, upto: int | None = None) -> pa.Table:
+        """Logical decoding messages (``pg_logical_emit_message``) logged in ``(after, upto]``."""
+        return self._read_log(MESSAGES, "lsn", after, upto)
+
+    def stale_files(self) -> list[str]:
+        """Files no valid checkpoint covers: leftovers of a batch that died before its checkpoint
+        (or of prepared transactions already resolved)."""
+        checkpoint = self.checkpoint()
+        position = checkpoint.lsn if checkpoint else 0
+        stale = []
+        folders = [table_folder(t) for t in self.tables()] + [TRANSACTIONS, MESSAGES]
+        for folder in folders:
+            for path in self.store.list(folder):
+                name = SegmentName.parse(path)
+                if name is None or name.batch_start >= position or checkpoint is None:
+                    stale.append(path)
+        live = {p.folder for p in checkpoint.prepared.values()} if checkpoint else set()
+        stale.extend(folder for folder in self.store.folders(PREPARED) if folder not in live)
+        return stale
+
+    def _limit(self, upto: int | None) -> int:
+        if upto is not None:
+            return upto
+        checkpoint = self.checkpoint()
+        return checkpoint.lsn if checkpoint is not None else 0
+
+    def _read_log(self, folder: str, column: str, after: int, upto: int | None) -> pa.Table:
+        limit = self._limit(upto)
+        tables = [
+            pq.read_table(self.store.path(s.path), filesystem=self.store.fs) for s in self.segments(folder, limit)
+        ]
+        if not tables:
+            return pa.table({})
+        combined = pa.concat_tables(tables, promote_options="default")
+        values = combined.column(column)
+        return combined.filter(pc.and_(pc.greater(values, after), pc.less_equal(values, limit)))

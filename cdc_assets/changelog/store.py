@@ -1,0 +1,115 @@
+"""The change log's storage: a local folder or any filesystem pyarrow supports (S3, GCS, …).
+
+:class:`LogStore` names files relative to the change log's root and offers the few operations the
+log needs: write a file durably (fsync on local disks), replace a small file atomically (temporary
+file + rename locally; a single PUT, which object stores make atomic), list, read and delete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+class LogStore:
+    """Files under one root folder, addressed by ``/``-separated relative names."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") or "/"
+        if _URI.match(root):
+            self.fs, path = pafs.FileSystem.from_uri(root)
+            self._base = path.rstrip("/")
+            self.local = isinstance(self.fs, pafs.LocalFileSystem)
+        else:
+            self.fs = pafs.LocalFileSystem()
+            self._base = os.path.abspath(root)
+            self.local = True
+
+    def path(self, name: str) -> str:
+        """The filesystem path of ``name`` (for pyarrow readers)."""
+        return f"{self._base}/{name}" if name else self._base
+
+    def exists(self, name: str) -> bool:
+        return self.fs.get_file_info(self.path(name)).type != pafs.FileType.NotFound
+
+    def list(self, folder: str) -> list[str]:
+        """Names of the files directly inside ``folder`` (relative to the root), sorted."""
+        selector = pafs.FileSelector(self.path(folder), allow_not_found=True, recursive=False)
+        infos = self.fs.get_file_info(selector)
+        prefix = self.path("") + "/"
+        return sorted(i.path[len(prefix):] for i in infos if i.type == pafs.FileType.File)
+
+    def folders(self, folder: str) -> list[str]:
+        """Names of the folders directly inside ``folder``."""
+        selector = pafs.FileSelector(self.path(folder), allow_not_found=True, recursive=False)
+        infos = self.fs.get_file_info(selector)
+        prefix = self.path("") + "/"
+        return sorted(i.path[len(prefix):] for i in infos if i.type == pafs.FileType.Directory)
+
+    def read_bytes(self, name: str) -> bytes | None:
+        """The file's contents, or None if it does not exist."""
+        try:
+            with self.fs.open_input_stream(self.path(name)) as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    @contextmanager
+    def create(self, name: str) -> Iterator[IO[bytes] | pa.NativeFile]:
+        """A new file for writing; on a local disk it is fsynced before the context ends."""
+        path = self.path(name)
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        if self.local:
+            with open(path, "wb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+        else:
+            with self.fs.open_output_stream(path) as stream:
+                yield stream
+
+    def replace(self, name: str, data: bytes) -> None:
+        """Write ``name`` so that readers see the old or the new contents, never a mix."""
+        if not self.local:
+            with self.create(name) as stream:
+                stream.write(data)
+            return
+        path = self.path(name)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        with self.create(os.path.relpath(temporary, self._base)) as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+        _fsync_folder(os.path.dirname(path))
+
+    def sync_folder(self, folder: str) -> None:
+        """Make file creations in ``folder`` durable (local disks; a no-op elsewhere)."""
+        if self.local and os.path.isdir(self.path(folder)):
+            _fsync_folder(self.path(folder))
+
+    def delete(self, name: str) -> None:
+        try:
+            self.fs.delete_file(self.path(name))
+        except FileNotFoundError:
+            pass
+
+    def delete_folder(self, folder: str) -> None:
+        try:
+            self.fs.delete_dir(self.path(folder))
+        except FileNotFoundError:
+            pass
+
+
+def _fsync_folder(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

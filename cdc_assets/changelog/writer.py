@@ -1,0 +1,281 @@
+"""Writing one batch of the change log: per-table Parquet segments, transactions and messages.
+
+:class:`BatchWriter` is the :class:`~cdc_assets.transactions.ChangeSink` of a drain batch. It
+buffers each table's records into row groups of a useful size, opens a new part when a table's
+schema version changes, and on :meth:`BatchWriter.close` makes every file durable and returns the
+checkpoint to write next. It writes nothing outside its batch's names, so a batch that dies before
+its checkpoint leaves only files the next drain deletes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdc_assets.changelog.checkpoint import Checkpoint, PreparedEntry, TableState
+from cdc_assets.changelog.layout import MESSAGES, TRANSACTIONS, SegmentName, prepared_folder, table_folder
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.errors import CdcError
+from cdc_assets.pgoutput.messages import LogicalDecodingMessage
+from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.transactions import CommitInfo, PreparedTransaction, TransactionalMessage, with_commit_columns
+
+ROW_GROUP_ROWS = 131_072
+RELATION_KEY = b"cdc_assets.relation"
+
+TRANSACTION_SCHEMA = pa.schema(
+    [
+        pa.field("commit_lsn", pa.int64(), nullable=False),
+        pa.field("end_lsn", pa.int64(), nullable=False),
+        pa.field("xid", pa.int64(), nullable=False),
+        pa.field("commit_time", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("changes", pa.int64(), nullable=False),
+        pa.field("origin", pa.string()),
+        pa.field("origin_lsn", pa.int64()),
+        pa.field("gid", pa.string()),
+    ]
+)
+MESSAGE_SCHEMA = pa.schema(
+    [
+        pa.field("lsn", pa.int64(), nullable=False),
+        pa.field("transactional", pa.bool_(), nullable=False),
+        pa.field("prefix", pa.string(), nullable=False),
+        pa.field("content", pa.binary(), nullable=False),
+        pa.field("commit_lsn", pa.int64()),
+        pa.field("end_lsn", pa.int64()),
+        pa.field("xid", pa.int64()),
+        pa.field("position", pa.int64()),
+        pa.field("commit_time", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+@dataclass(slots=True)
+class _TableSegment:
+    """The open segment file of one table in this batch."""
+
+    version: int
+    relation: RelationSchema
+    writer: pq.ParquetWriter
+    name: str
+    buffered: list[pa.RecordBatch] = field(default_factory=list)
+    buffered_rows: int = 0
+    rows: int = 0
+
+
+@dataclass(slots=True)
+class BatchSummary:
+    """What one batch added: changes per table and the transactions it completed."""
+
+    transactions: int = 0
+    changes: dict[str, int] = field(default_factory=dict)
+    messages: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+class BatchWriter:
+    """Writes the batch that starts at ``checkpoint.lsn``; see the module docstring."""
+
+    def __init__(self, store: LogStore, checkpoint: Checkpoint) -> None:
+        self.store = store
+        self.start = checkpoint
+        self.summary = BatchSummary()
+        self._tables = dict(checkpoint.tables)
+        self._prepared = dict(checkpoint.prepared)
+        self._resolved_prepared: list[str] = []  # folders to delete once the checkpoint is written
+        self._segments: dict[str, _TableSegment] = {}
+        self._parts: dict[str, int] = {}
+        self._transactions: list[tuple[CommitInfo, int]] = []
+        self._messages: list[dict[str, object]] = []
+
+    # -- ChangeSink -----------------------------------------------------------------------------
+
+    def records(self, relation: RelationSchema, records: pa.RecordBatch) -> None:
+        table = relation.qualified_name
+        segment = self._segment(table, relation, records.schema)
+        segment.buffered.append(records)
+        segment.buffered_rows += records.num_rows
+        if segment.buffered_rows >= ROW_GROUP_ROWS:
+            self._write_row_group(segment)
+        last = int(np.max(records.column("_cdc_end_lsn").to_numpy()))
+        state = self._tables[table]
+        if last > state.last_change_lsn:
+            self._tables[table] = TableState(last, state.schema_version, state.relation)
+        self.summary.changes[table] = self.summary.changes.get(table, 0) + records.num_rows
+
+    def transaction(self, info: CommitInfo, changes: int, messages: list[TransactionalMessage]) -> None:
+        self._transactions.append((info, changes))
+        self.summary.transactions += 1
+        for item in messages:
+            self._message(item.message, info, item.position)
+
+    def standalone_message(self, lsn: int, message: LogicalDecodingMessage) -> None:
+        self._messages.append(
+            {"lsn": lsn, "transactional": False, "prefix": message.prefix, "content": message.content}
+        )
+
+    def prepared(self, transaction: PreparedTransaction) -> None:
+        folder = prepared_folder(transaction.end_lsn, transaction.gid)
+        for number, (relation, records) in enumerate(transaction.chunks):
+            self._write_file(f"{folder}/{number:06d}.parquet", pa.Table.from_batches([records]), relation, None)
+        if transaction.messages:
+            rows = [
+                {"position": m.position, "lsn": m.message.lsn, "prefix": m.message.prefix, "content": m.message.content}
+                for m in transaction.messages
+            ]
+            self._write_file(f"{folder}/messages.parquet", pa.Table.from_pylist(rows), None, None)
+        self._prepared[transaction.gid] = PreparedEntry(
+            transaction.gid, transaction.xid, transaction.prepare_lsn, transaction.end_lsn,
+            transaction.prepare_time_us, folder, transaction.origin, transaction.origin_lsn,
+        )
+
+    def commit_prepared(self, gid: str, info: CommitInfo) -> None:
+        entry = self._take_prepared(gid, info.end_lsn)
+        info.origin, info.origin_lsn = entry.origin, entry.origin_lsn
+        changes = 0
+        for name in self.store.list(entry.folder):
+            table = pq.read_table(self.store.path(name), filesystem=self.store.fs)
+            if name.endswith("/messages.parquet"):
+                for row in table.to_pylist():
+                    message = LogicalDecodingMessage(None, 1, row["lsn"], row["prefix"], row["content"])
+                    self._message(message, info, row["position"])
+                continue
+            relation = RelationSchema.from_json(json.loads(table.schema.metadata[RELATION_KEY]))
+            for batch in table.to_batches():
+                changes += batch.num_rows
+                self.records(relation, with_commit_columns(batch, info))
+        self._transactions.append((info, changes))
+        self.summary.transactions += 1
+
+    def rollback_prepared(self, gid: str, end_lsn: int) -> None:
+        self._take_prepared(gid, end_lsn)
+
+    # -- closing --------------------------------------------------------------------------------
+
+    def close(self, lsn: int) -> Checkpoint:
+        """Finish every file durably; return the checkpoint that makes this batch valid."""
+        for segment in self._segments.values():
+            self._write_row_group(segment)
+            segment.writer.close()
+        for folder in {table_folder(t) for t in self._segments}:
+            self.store.sync_folder(folder)
+        name = SegmentName(self.start.lsn, 0).file
+        if self._transactions:
+            self._write_file(f"{TRANSACTIONS}/{name}", self._transaction_table(), None, None)
+        # A non-transactional message past the new checkpoint is sent again by the next call.
+        messages = [m for m in self._messages if m["transactional"] or self.start.lsn < m["lsn"] <= lsn]
+        if messages:
+            self._write_file(f"{MESSAGES}/{name}", pa.Table.from_pylist(messages, MESSAGE_SCHEMA), None, None)
+            self.summary.messages = len(messages)
+        for folder in (TRANSACTIONS, MESSAGES):
+            self.store.sync_folder(folder)
+        return self.start.advanced(lsn, tables=self._tables, prepared=self._prepared)
+
+    def after_checkpoint(self) -> None:
+        """Delete prepared transactions resolved in this batch (only once the checkpoint says so)."""
+        for folder in self._resolved_prepared:
+            self.store.delete_folder(folder)
+
+    def abandon(self) -> None:
+        """Close open files after a failure; they stay invalid and the next drain deletes them."""
+        for segment in self._segments.values():
+            try:
+                segment.writer.close()
+            except Exception:  # noqa: BLE001 - best effort after an earlier error
+                pass
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _segment(self, table: str, relation: RelationSchema, schema: pa.Schema) -> _TableSegment:
+        segment = self._segments.get(table)
+        if segment is not None and segment.relation == relation:
+            return segment
+        state = self._tables.get(table)
+        if state is None:
+            version = 1
+        elif state.relation.same_version(relation):
+            version = state.schema_version
+        else:
+            version = state.schema_version + 1
+        self._tables[table] = TableState(state.last_change_lsn if state else 0, version, relation)
+        if segment is not None:
+            if segment.version == version:  # same columns, e.g. the table got a new OID
+                segment.relation = relation
+                return segment
+            self._write_row_group(segment)
+            segment.writer.close()
+        part = self._parts.get(table, -1) + 1
+        self._parts[table] = part
+        name = f"{table_folder(table)}/{SegmentName(self.start.lsn, part).file}"
+        writer = self._open(name, schema.with_metadata(_metadata(relation, version)))
+        segment = self._segments[table] = _TableSegment(version, relation, writer, name)
+        self.summary.files.append(name)
+        return segment
+
+    def _open(self, name: str, schema: pa.Schema) -> pq.ParquetWriter:
+        self.store.fs.create_dir(self.store.path(name).rsplit("/", 1)[0], recursive=True)
+        return pq.ParquetWriter(self.store.path(name), schema, filesystem=self.store.fs, compression="zstd")
+
+    def _write_row_group(self, segment: _TableSegment) -> None:
+        if not segment.buffered:
+            return
+        table = pa.Table.from_batches(segment.buffered)
+        try:
+            segment.writer.write_table(table, row_group_size=len(table))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            raise CdcError(f"cannot write change records of {segment.relation.qualified_name}: {error}") from None
+        segment.rows += len(table)
+        segment.buffered, segment.buffered_rows = [], 0
+
+    def _write_file(self, name: str, table: pa.Table, relation: RelationSchema | None, version: int | None) -> None:
+        if relation is not None:
+            table = table.replace_schema_metadata(_metadata(relation, version))
+        with self.store.create(name) as sink:
+            pq.write_table(table, sink, compression="zstd")
+        self.summary.files.append(name)
+
+    def _message(self, message: LogicalDecodingMessage, info: CommitInfo, position: int) -> None:
+        self._messages.append(
+            {
+                "lsn": message.lsn, "transactional": True, "prefix": message.prefix, "content": message.content,
+                "commit_lsn": info.commit_lsn, "end_lsn": info.end_lsn, "xid": info.xid, "position": position,
+                "commit_time": info.commit_time_us,
+            }
+        )
+
+    def _take_prepared(self, gid: str, end_lsn: int) -> PreparedEntry:
+        entry = self._prepared.pop(gid, None)
+        if entry is None:
+            raise CdcError(
+                f"COMMIT/ROLLBACK PREPARED of {gid!r} (ending at LSN {end_lsn:X}) but the change log holds no"
+                " prepared transaction with that gid"
+            )
+        self._resolved_prepared.append(entry.folder)
+        return entry
+
+    def _transaction_table(self) -> pa.Table:
+        infos = [info for info, _ in self._transactions]
+        return pa.table(
+            {
+                "commit_lsn": [i.commit_lsn for i in infos],
+                "end_lsn": [i.end_lsn for i in infos],
+                "xid": [i.xid for i in infos],
+                "commit_time": pa.array([i.commit_time_us for i in infos], pa.int64()).cast(
+                    pa.timestamp("us", tz="UTC")
+                ),
+                "changes": [changes for _, changes in self._transactions],
+                "origin": [i.origin for i in infos],
+                "origin_lsn": [i.origin_lsn for i in infos],
+                "gid": [i.gid for i in infos],
+            },
+            schema=TRANSACTION_SCHEMA,
+        )
+
+
+def _metadata(relation: RelationSchema, version: int | None) -> dict[bytes, bytes]:
+    payload = relation.to_json() | ({"schema_version": version} if version is not None else {})
+    return {RELATION_KEY: json.dumps(payload).encode()}

@@ -1,0 +1,333 @@
+"""The YAML configuration file: loading, ``${VAR}`` substitution and validation.
+
+Every mistake is a :class:`~cdc_assets.errors.ConfigError` naming the file and the key
+(``tables.public.orders.truncate: expected 'apply' or 'ignore', got 'drop'``). Relative paths are
+resolved against the folder of the configuration file, so the command line and Dagster agree
+whatever their working directory. The source DSN is never shown: not in ``repr``, not in errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from cdc_assets.errors import ConfigError
+
+CONFIG_ENV = "CDC_CONFIG"
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_IDENTIFIER_PART = r'(?:"(?:[^"]|"")+"|[^".]+)'
+_QUALIFIED = re.compile(rf"^({_IDENTIFIER_PART})(?:\.({_IDENTIFIER_PART}))?$")
+_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+Streaming = Literal["off", "on", "parallel"]
+
+
+@dataclass(slots=True, frozen=True)
+class TableName:
+    """A schema-qualified table name, unquoted (``TableName("public", "orders")``)."""
+
+    schema: str
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        """``orders``, ``public.orders`` or ``"My Schema"."My.Table"`` (``public`` by default)."""
+        match = _QUALIFIED.match(text.strip())
+        if match is None:
+            raise ValueError(f"not a table name: {text!r} (expected schema.table)")
+        first, second = match.group(1), match.group(2)
+        if second is None:
+            return cls("public", _unquote(first))
+        return cls(_unquote(first), _unquote(second))
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def sql(self) -> str:
+        """The name quoted for SQL."""
+        return f"{quote_identifier(self.schema)}.{quote_identifier(self.name)}"
+
+
+def quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _unquote(part: str) -> str:
+    return part[1:-1].replace('""', '"') if part.startswith('"') else part
+
+
+@dataclass(slots=True, frozen=True)
+class SourceConfig:
+    """Where changes come from. ``dsn`` is a libpq connection string or URI."""
+
+    dsn: str = field(repr=False)
+    publication: str = "cdc_pub"
+    slot: str = "cdc_slot"
+    streaming: Streaming = "off"
+    binary: bool = False
+    two_phase: bool = False
+    batch_changes: int = 100_000
+    heartbeat: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class TableConfig:
+    """One mirrored table. ``target`` overrides the Delta path ``<warehouse>/<schema>/<table>``."""
+
+    name: TableName
+    row_filter: str | None = None
+    truncate: Literal["apply", "ignore"] = "apply"
+    target: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class SparkConfig:
+    """``master`` for a classic session (``local[2]``, ``spark://…``), or ``remote`` for Spark Connect."""
+
+    master: str | None = "local[2]"
+    remote: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class ScheduleConfig:
+    """Dagster automation: when the drain runs and how much lag the asset check tolerates."""
+
+    drain_cron: str = "*/5 * * * *"
+    max_lag_bytes: int = 1 << 30
+
+
+@dataclass(slots=True, frozen=True)
+class Config:
+    source: SourceConfig
+    changelog_path: str
+    warehouse_path: str
+    tables: tuple[TableConfig, ...]
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    path: Path | None = None
+
+    def table(self, name: str | TableName) -> TableConfig:
+        wanted = name if isinstance(name, TableName) else TableName.parse(name)
+        for table in self.tables:
+            if table.name == wanted:
+                return table
+        known = ", ".join(str(t.name) for t in self.tables)
+        raise ConfigError(f"table {wanted} is not configured (configured: {known})")
+
+    def target_path(self, table: TableConfig) -> str:
+        """The Delta table's location."""
+        if table.target is not None:
+            return table.target
+        return _join(self.warehouse_path, table.name.schema, table.name.name)
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """The configuration file to use: ``explicit``, else ``$CDC_CONFIG``, else ``./cdc.yaml``."""
+    chosen = explicit or os.environ.get(CONFIG_ENV) or "cdc.yaml"
+    return Path(chosen)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Read, substitute and validate a configuration file."""
+    file = config_path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        how = "" if path else f" (set {CONFIG_ENV} or pass -c/--config)"
+        raise ConfigError(f"configuration file {file} does not exist{how}") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read configuration file {file}: {error.strerror}") from None
+    return parse_config(text, origin=file, environ=os.environ if environ is None else environ)
+
+
+def parse_config(text: str, *, origin: Path, environ: Any) -> Config:
+    """Validate configuration ``text``; ``origin`` names it in errors and anchors relative paths."""
+    where = str(origin)
+    try:
+        document = yaml.safe_load(_substitute(text, environ, where))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{where}: not valid YAML: {error}") from None
+    reader = _Reader(where, document if document is not None else {}, "")
+    base = origin.resolve().parent
+    source = reader.section("source")
+    changelog = reader.section("changelog")
+    warehouse = reader.section("warehouse")
+    config = Config(
+        source=SourceConfig(
+            dsn=source.text("dsn"),
+            publication=source.text("publication", "cdc_pub"),
+            slot=source.slot_name("slot", "cdc_slot"),
+            streaming=source.choice("streaming", ("off", "on", "parallel"), "off"),  # type: ignore[arg-type]
+            binary=source.flag("binary", False),
+            two_phase=source.flag("two_phase", False),
+            batch_changes=source.positive("batch_changes", 100_000),
+            heartbeat=source.flag("heartbeat", False),
+        ),
+        changelog_path=_location(changelog.text("path"), base),
+        warehouse_path=_location(warehouse.text("path"), base),
+        tables=reader.tables(base),
+        spark=reader.spark(),
+        schedule=reader.schedule(),
+        path=origin,
+    )
+    for section in (source, changelog, warehouse, reader):
+        section.done()
+    return config
+
+
+def _substitute(text: str, environ: Any, where: str) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        value = environ.get(name)
+        if value is None:
+            if default is not None:
+                return default
+            line = text.count("\n", 0, match.start()) + 1
+            raise ConfigError(f"{where}, line {line}: environment variable {name} is not set")
+        return value
+
+    return _VARIABLE.sub(replace, text)
+
+
+def _location(value: str, base: Path) -> str:
+    """An object-store URI as is; a local path made absolute against the config's folder."""
+    if _URI.match(value):
+        return value.rstrip("/")
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts]) if _URI.match(root) else str(Path(root, *parts))
+
+
+class _Reader:
+    """Typed access to one mapping of the document, with errors that name the key path."""
+
+    def __init__(self, where: str, mapping: Any, prefix: str) -> None:
+        if not isinstance(mapping, dict):
+            raise ConfigError(f"{where}: {prefix.rstrip('.') or 'the document'}: expected a mapping")
+        self.where = where
+        self.mapping = mapping
+        self.prefix = prefix
+        self.used: set[str] = set()
+
+    def fail(self, key: str, problem: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {self.prefix}{key}: {problem}")
+
+    def get(self, key: str, default: Any = ...) -> Any:
+        self.used.add(key)
+        if key in self.mapping and self.mapping[key] is not None:
+            return self.mapping[key]
+        if default is ...:
+            raise self.fail(key, "is required")
+        return default
+
+    def section(self, key: str) -> _Reader:
+        return _Reader(self.where, self.get(key), f"{self.prefix}{key}.")
+
+    def text(self, key: str, default: Any = ...) -> str:
+        value = self.get(key, default)
+        if not isinstance(value, str) or not value.strip():
+            shown = "a value that is not a string" if key == "dsn" else repr(value)  # never echo a DSN
+            raise self.fail(key, f"expected a non-empty string, got {shown}")
+        return value
+
+    def slot_name(self, key: str, default: str) -> str:
+        value = self.text(key, default)
+        if not re.fullmatch(r"[a-z0-9_]{1,63}", value):
+            raise self.fail(key, f"a replication slot name is 1-63 lower-case letters, digits or underscores, got {value!r}")
+        return value
+
+    def flag(self, key: str, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {value!r}")
+        return value
+
+    def positive(self, key: str, default: int) -> int:
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(key, f"expected a positive integer, got {value!r}")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.get(key, default)
+        if value is False and "off" in choices:  # YAML reads a bare `off` as false
+            value = "off"
+        if value is True and "on" in choices:
+            value = "on"
+        if value not in choices:
+            expected = " or ".join(repr(c) for c in choices)
+            raise self.fail(key, f"expected {expected}, got {value!r}")
+        return str(value)
+
+    def tables(self, base: Path) -> tuple[TableConfig, ...]:
+        raw = self.get("tables")
+        if not isinstance(raw, dict) or not raw:
+            raise self.fail("tables", "expected a mapping of schema.table names to settings, with at least one table")
+        tables = []
+        for key, settings in raw.items():
+            try:
+                name = TableName.parse(str(key))
+            except ValueError as error:
+                raise self.fail(f"tables.{key}", str(error)) from None
+            table = _Reader(self.where, settings or {}, f"{self.prefix}tables.{key}.")
+            row_filter = table.get("row_filter", None)
+            if row_filter is not None and (not isinstance(row_filter, str) or not row_filter.strip()):
+                raise table.fail("row_filter", f"expected an SQL boolean expression, got {row_filter!r}")
+            target = table.get("target", None)
+            tables.append(
+                TableConfig(
+                    name=name,
+                    row_filter=row_filter,
+                    truncate=table.choice("truncate", ("apply", "ignore"), "apply"),  # type: ignore[arg-type]
+                    target=_location(target, base) if isinstance(target, str) else None,
+                )
+            )
+            table.done()
+        if len({t.name for t in tables}) != len(tables):
+            raise self.fail("tables", "a table is listed twice")
+        return tuple(tables)
+
+    def spark(self) -> SparkConfig:
+        if self.get("spark", None) is None:
+            return SparkConfig()
+        spark = self.section("spark")
+        remote = spark.get("remote", None)
+        master = spark.get("master", None if remote else "local[2]")
+        if remote is not None and master is not None:
+            raise spark.fail("remote", "set either spark.master or spark.remote, not both")
+        conf = spark.get("conf", {})
+        if not isinstance(conf, dict):
+            raise spark.fail("conf", "expected a mapping of Spark settings")
+        result = SparkConfig(
+            master=str(master) if master is not None else None,
+            remote=str(remote) if remote is not None else None,
+            conf={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in conf.items()},
+        )
+        spark.done()
+        return result
+
+    def schedule(self) -> ScheduleConfig:
+        if self.get("schedule", None) is None:
+            return ScheduleConfig()
+        schedule = self.section("schedule")
+        result = ScheduleConfig(
+            drain_cron=schedule.text("drain_cron", "*/5 * * * *"),
+            max_lag_bytes=schedule.positive("max_lag_bytes", 1 << 30),
+        )
+        schedule.done()
+        return result
+
+    def done(self) -> None:
+        unknown = sorted(set(self.mapping) - self.used)
+        if unknown:
+            raise self.fail(str(unknown[0]), "unknown setting")

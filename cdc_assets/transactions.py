@@ -1,0 +1,682 @@
+"""The transaction assembler: rows of peek calls → committed transactions, written to a sink.
+
+:class:`TransactionAssembler` is fed the ``(lsn, data)`` rows of a
+``pg_logical_slot_peek_binary_changes`` call in order. It keeps only what the protocol needs
+between rows — the Relation and Type messages of the current call (the server sends them again in
+every call), the open transaction, and the streamed transactions of the call — and hands a
+:class:`ChangeSink` the change records of committed transactions, per table in commit order.
+
+Plain transactions (Begin … Commit) are contiguous in the output and always complete within a
+call, so their changes go to buffers shared by the whole batch, one per table, and are converted
+to Arrow in large chunks spanning many transactions — a transaction of four rows costs no numpy
+pipeline of its own. Streamed transactions (Stream Start … Stream Commit, interleaved with others)
+and prepared ones (two-phase slots) are buffered on their own; a streamed subtransaction abort
+drops the aborted subtransaction's changes and every later one, as PostgreSQL's apply worker
+truncates its spool file. Converted chunks beyond a memory budget spill to temporary Arrow files,
+so a transaction of millions of rows drains in bounded memory.
+
+Transactions whose end LSN is at or below ``checkpoint_lsn`` are dropped: the slot re-sends them
+after a rewind (invariant 3).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from struct import Struct
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from cdc_assets.errors import DecodeError
+from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
+from cdc_assets.pgoutput.decoder import PgoutputDecoder, Streaming, message_name
+from cdc_assets.pgoutput.messages import (
+    BeginMessage,
+    BeginPrepareMessage,
+    CommitMessage,
+    CommitPreparedMessage,
+    LogicalDecodingMessage,
+    OriginMessage,
+    PrepareMessage,
+    RelationMessage,
+    RollbackPreparedMessage,
+    StreamAbortMessage,
+    StreamCommitMessage,
+    StreamPrepareMessage,
+    StreamStartMessage,
+    StreamStopMessage,
+    TruncateMessage,
+    TypeMessage,
+)
+from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.pgoutput.types import TypeCatalog
+
+CHUNK_ROWS = 65_536
+SPILL_BYTES = 64 << 20
+
+_OID = Struct(">I").unpack_from
+_XID_AND_OID = Struct(">II").unpack_from
+_CHANGE_TYPES = frozenset(b"IUD")
+
+DescribeRelation = Callable[[RelationMessage], RelationSchema]
+
+
+@dataclass(slots=True)
+class CommitInfo:
+    """Where and when a transaction committed. ``origin`` is set when it was replayed from
+    another node (an Origin message); ``gid`` for a transaction committed with COMMIT PREPARED."""
+
+    xid: int
+    commit_lsn: int
+    end_lsn: int
+    commit_time_us: int
+    origin: str | None = None
+    origin_lsn: int | None = None
+    gid: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class TransactionalMessage:
+    position: int
+    message: LogicalDecodingMessage
+
+
+@dataclass(slots=True)
+class PreparedTransaction:
+    """A two-phase transaction at PREPARE: to be kept until COMMIT or ROLLBACK PREPARED."""
+
+    gid: str
+    xid: int
+    prepare_lsn: int
+    end_lsn: int
+    prepare_time_us: int
+    origin: str | None
+    origin_lsn: int | None
+    chunks: list[tuple[RelationSchema, pa.RecordBatch]]
+    messages: list[TransactionalMessage]
+
+
+class ChangeSink(Protocol):
+    """Where the assembler puts what it assembles (the change log's batch writer)."""
+
+    def records(self, relation: RelationSchema, records: pa.RecordBatch) -> None:
+        """Change records of committed transactions, with commit columns, in commit order."""
+
+    def transaction(self, info: CommitInfo, changes: int, messages: list[TransactionalMessage]) -> None:
+        """A committed transaction, after all its records were given to :meth:`records`."""
+
+    def standalone_message(self, lsn: int, message: LogicalDecodingMessage) -> None:
+        """A non-transactional logical decoding message."""
+
+    def prepared(self, transaction: PreparedTransaction) -> None:
+        """A prepared transaction (two-phase slots only)."""
+
+    def commit_prepared(self, gid: str, info: CommitInfo) -> None:
+        """COMMIT PREPARED: write the prepared transaction ``gid`` as committed with ``info``."""
+
+    def rollback_prepared(self, gid: str, end_lsn: int) -> None:
+        """ROLLBACK PREPARED: forget the prepared transaction ``gid``."""
+
+
+class _SpillQueue:
+    """Converted record batches in order, kept in memory up to a budget, then in temp files."""
+
+    def __init__(self, spill_dir: str | None) -> None:
+        self._items: list[tuple[RelationSchema, pa.RecordBatch | str, np.ndarray | None]] = []
+        self._memory = 0
+        self._spill_dir = spill_dir
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def append(self, schema: RelationSchema, records: pa.RecordBatch, tags: np.ndarray | None = None) -> None:
+        if self._memory + records.nbytes > SPILL_BYTES:
+            handle, path = tempfile.mkstemp(prefix="cdc-spill-", suffix=".arrow", dir=self._spill_dir)
+            with os.fdopen(handle, "wb") as sink, ipc.new_file(sink, records.schema) as writer:
+                writer.write_batch(records)
+            self._items.append((schema, path, tags))
+        else:
+            self._memory += records.nbytes
+            self._items.append((schema, records, tags))
+
+    def pop_all(self) -> Iterator[tuple[RelationSchema, pa.RecordBatch, np.ndarray | None]]:
+        """Every item in order, removing it (spilled ones are read back and deleted)."""
+        items, self._items, self._memory = self._items, [], 0
+        for schema, records, tags in items:
+            if isinstance(records, str):
+                with pa.memory_map(records) as source:
+                    batch = ipc.open_file(source).get_batch(0)
+                os.unlink(records)
+                yield schema, batch, tags
+            else:
+                yield schema, records, tags
+
+    def discard(self) -> None:
+        for _ in self.pop_all():
+            pass
+
+
+@dataclass(slots=True)
+class _RawBuffer:
+    """Raw change messages of one table under one schema, waiting to be converted."""
+
+    schema: RelationSchema
+    messages: list[bytes] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    tags: list[int] = field(default_factory=list)  # shared buffers: transaction sequence numbers
+
+
+class _Buffers:
+    """Raw and converted changes per table, in order. ``xid_prefixed`` says how raw messages
+    were sent (inside stream blocks they carry an xid)."""
+
+    def __init__(self, builder: Callable[[RelationSchema], ChangeRecordBuilder], xid_prefixed: bool, spill_dir: str | None) -> None:
+        self.raw: dict[str, _RawBuffer] = {}
+        self.converted: dict[str, _SpillQueue] = {}
+        self._builder = builder
+        self._xid_prefixed = xid_prefixed
+        self._spill_dir = spill_dir
+
+    @property
+    def raw_rows(self) -> int:
+        return sum(len(raw.messages) for raw in self.raw.values())
+
+    def buffer(self, schema: RelationSchema) -> _RawBuffer:
+        """The raw buffer for new changes under ``schema``; what an older schema of the same table
+        buffered is converted first, so records stay in order."""
+        name = schema.qualified_name
+        raw = self.raw.get(name)
+        if raw is None or raw.schema != schema:
+            if raw is not None:
+                self.convert(name)
+            raw = self.raw[name] = _RawBuffer(schema)
+        return raw
+
+    def add(self, raw: _RawBuffer, data: bytes, position: int, tag: int = 0) -> None:
+        raw.messages.append(data)
+        raw.positions.append(position)
+        raw.tags.append(tag)
+        if len(raw.messages) >= CHUNK_ROWS:
+            self.convert(raw.schema.qualified_name)
+
+    def add_records(self, schema: RelationSchema, records: pa.RecordBatch, tag: int = 0) -> None:
+        """Already converted records (a truncate) after everything buffered for the table."""
+        name = schema.qualified_name
+        self.convert(name)
+        self._queue(name).append(schema, records, np.full(records.num_rows, tag, dtype=np.int64))
+
+    def convert(self, name: str) -> None:
+        """Convert what is buffered raw for table ``name``; the buffer object stays usable."""
+        raw = self.raw.get(name)
+        if raw is None or not raw.messages:
+            return
+        records = self._builder(raw.schema).changes(
+            raw.messages, np.array(raw.positions, dtype=np.int64), xid_prefixed=self._xid_prefixed
+        )
+        self._queue(name).append(raw.schema, records, np.array(raw.tags, dtype=np.int64))
+        raw.messages, raw.positions, raw.tags = [], [], []
+
+    def convert_all(self) -> None:
+        for name in list(self.raw):
+            self.convert(name)
+
+    def drop_positions(self, start: int, end: int) -> None:
+        """Forget changes at positions in [start, end) (an aborted subtransaction and later ones)."""
+        for raw in self.raw.values():
+            keep = [i for i, p in enumerate(raw.positions) if not start <= p < end]
+            raw.messages = [raw.messages[i] for i in keep]
+            raw.positions = [raw.positions[i] for i in keep]
+            raw.tags = [raw.tags[i] for i in keep]
+        for name, queue in self.converted.items():
+            kept = _SpillQueue(self._spill_dir)
+            for schema, records, tags in queue.pop_all():
+                positions = records.column("_cdc_position").to_numpy()
+                mask = (positions < start) | (positions >= end)
+                if mask.any():
+                    kept.append(schema, records.filter(pa.array(mask)), tags[mask] if tags is not None else None)
+            self.converted[name] = kept
+
+    def discard(self) -> None:
+        self.raw.clear()
+        for queue in self.converted.values():
+            queue.discard()
+        self.converted.clear()
+
+    def _queue(self, name: str) -> _SpillQueue:
+        queue = self.converted.get(name)
+        if queue is None:
+            queue = self.converted[name] = _SpillQueue(self._spill_dir)
+        return queue
+
+
+class _OwnTransaction:
+    """A streamed or prepared transaction, buffered apart from the plain ones."""
+
+    def __init__(self, xid: int, buffers: _Buffers) -> None:
+        self.xid = xid
+        self.buffers = buffers
+        self.origin: str | None = None
+        self.origin_lsn: int | None = None
+        self.next_position = 0
+        self.subtransactions: dict[int, int] = {}  # subxid -> position of its first change
+        self.messages: list[TransactionalMessage] = []
+
+
+@dataclass(slots=True)
+class _PlainTransaction:
+    """The open plain (or non-streamed two-phase) transaction."""
+
+    xid: int
+    tag: int
+    prepared: bool
+    origin: str | None = None
+    origin_lsn: int | None = None
+    next_position: int = 0
+    changes: int = 0
+    messages: list[TransactionalMessage] = field(default_factory=list)
+    own: _OwnTransaction | None = None  # set for Begin Prepare: buffered on its own
+
+
+class TransactionAssembler:
+    """Turns the rows of peek calls into committed transactions; see the module docstring."""
+
+    def __init__(
+        self,
+        sink: ChangeSink,
+        *,
+        streaming: Streaming = "off",
+        checkpoint_lsn: int = 0,
+        catalog: TypeCatalog | None = None,
+        describe: DescribeRelation | None = None,
+        slot: str | None = None,
+        spill_dir: str | None = None,
+    ) -> None:
+        self.sink = sink
+        self.streaming: Streaming = streaming
+        self.checkpoint_lsn = checkpoint_lsn
+        self.catalog = catalog if catalog is not None else TypeCatalog()
+        self.slot = slot
+        self._describe = describe or RelationSchema.from_message
+        self._spill_dir = spill_dir
+        self._builders: dict[RelationSchema, ChangeRecordBuilder] = {}
+        self._shared = self._new_buffers(xid_prefixed=False)
+        self._commits = _CommitTable()
+        self._decoder = PgoutputDecoder(streaming)
+        self._relations: dict[int, RelationSchema] = {}
+        self._shared_raw: dict[int, _RawBuffer] = {}  # this call's relations → their shared buffer
+        self._current: _PlainTransaction | None = None
+        self._streams: dict[int, _OwnTransaction] = {}
+        self._stream: _OwnTransaction | None = None
+        self._lsn = 0
+        self.last_end_lsn = checkpoint_lsn
+        self.completed = 0
+
+    # -- per call ----------------------------------------------------------------------------
+
+    def start_call(self) -> None:
+        """Forget what the previous peek call sent: Relation/Type messages and partial streams."""
+        self._decoder = PgoutputDecoder(self.streaming)
+        self._relations.clear()
+        self._shared_raw.clear()
+        for stream in self._streams.values():
+            stream.buffers.discard()
+        self._streams.clear()
+        self._stream = None
+        self._current = None
+        self.completed = 0
+
+    def finish_call(self) -> None:
+        """Write every committed change buffered so far (call at the end of each peek call).
+
+        Streamed transactions still open are forgotten: the next call sends them again whole.
+        """
+        if self._current is not None:
+            raise DecodeError(
+                f"the call ended inside transaction {self._current.xid} (no Commit)", message_type=None, offset=0
+            ).at(lsn=self._lsn, slot=self.slot)
+        self._write_shared()
+        for stream in self._streams.values():
+            stream.buffers.discard()
+        self._streams.clear()
+        self._stream = None
+
+    @property
+    def open_streams(self) -> int:
+        """Streamed transactions begun in the current call and not yet committed or aborted."""
+        return len(self._streams)
+
+    # -- rows ----------------------------------------------------------------------------------
+
+    def feed(self, lsn: int, data: bytes) -> None:
+        """Consume one row of a peek call."""
+        self._lsn = lsn
+        try:
+            if data and data[0] in _CHANGE_TYPES:
+                self._change(data)
+            else:
+                self._control(data)
+        except DecodeError as error:
+            raise error.at(lsn=lsn, slot=self.slot) from None
+
+    def _change(self, data: bytes) -> None:
+        txn = self._current
+        if txn is not None and txn.own is None and not self._decoder.in_stream and len(data) >= 5:
+            raw = self._shared_raw.get(_OID(data, 1)[0])
+            if raw is not None:  # the hot path: a plain transaction, a relation seen in this call
+                self._shared.add(raw, data, txn.next_position, txn.tag)
+                txn.next_position += 1
+                txn.changes += 1
+                return
+        if len(data) < (9 if self._decoder.in_stream else 5):
+            self._decoder.decode(data)  # raises the precise DecodeError
+        if self._decoder.in_stream:
+            subxid, relation_oid = _XID_AND_OID(data, 1)
+            own = self._stream
+            assert own is not None  # the decoder is inside a block only after Stream Start
+            own.subtransactions.setdefault(subxid, own.next_position)
+            own.buffers.add(own.buffers.buffer(self._schema(relation_oid, data)), data, own.next_position)
+            own.next_position += 1
+            return
+        (relation_oid,) = _OID(data, 1)
+        plain = self._open(data[0])
+        schema = self._schema(relation_oid, data)
+        buffers = plain.own.buffers if plain.own is not None else self._shared
+        buffers.add(buffers.buffer(schema), data, plain.next_position, plain.tag)
+        plain.next_position += 1
+        plain.changes += 1
+
+    def _control(self, data: bytes) -> None:
+        message = self._decoder.decode(data)
+        match message:
+            case BeginMessage() | BeginPrepareMessage():
+                if self._current is not None:
+                    raise DecodeError(
+                        f"transaction {message.xid} begins while {self._current.xid} is still open",
+                        message_type=message_name(data[0]),
+                        offset=0,
+                    )
+                prepared = isinstance(message, BeginPrepareMessage)
+                self._current = _PlainTransaction(message.xid, self._commits.open(), prepared)
+                if prepared:
+                    self._current.own = _OwnTransaction(message.xid, self._new_buffers(xid_prefixed=False))
+            case CommitMessage():
+                txn = self._close_plain(data[0], prepared=False)
+                info = CommitInfo(
+                    txn.xid, message.commit_lsn, message.end_lsn, message.commit_time_us, txn.origin, txn.origin_lsn
+                )
+                self._finish(info)
+                if info.end_lsn > self.checkpoint_lsn:
+                    self._commits.commit(txn.tag, info)
+                    if self._commits.pending >= CHUNK_ROWS // 4 and self._shared.raw_rows >= CHUNK_ROWS:
+                        self._write_shared()
+                    self.sink.transaction(info, txn.changes, txn.messages)
+            case OriginMessage():
+                target = self._stream or self._open(data[0])
+                target.origin, target.origin_lsn = message.name, message.commit_lsn
+            case RelationMessage():
+                schema = self._relations[message.relation_oid] = self._describe(message)
+                self._shared_raw[message.relation_oid] = self._shared.buffer(schema)
+            case TypeMessage():
+                self.catalog.note_type_message(message.type_oid, message.namespace, message.name)
+            case TruncateMessage():
+                self._truncate(message)
+            case LogicalDecodingMessage():
+                if not message.transactional:
+                    self.sink.standalone_message(self._lsn, message)
+                    return
+                target = self._stream or self._open(data[0])
+                target.messages.append(TransactionalMessage(target.next_position, message))
+                target.next_position += 1
+            case StreamStartMessage():
+                own = self._streams.get(message.xid)
+                if own is None:
+                    if not message.first_segment:
+                        raise DecodeError(
+                            f"Stream Start continues transaction {message.xid}, whose first segment was not sent in"
+                            " this call",
+                            message_type="Stream Start",
+                            offset=5,
+                        )
+                    own = self._streams[message.xid] = _OwnTransaction(message.xid, self._new_buffers(xid_prefixed=True))
+                self._stream = own
+            case StreamStopMessage():
+                self._stream = None
+            case StreamAbortMessage():
+                self._stream_abort(message)
+            case StreamCommitMessage():
+                own = self._pop_stream(message.xid, "Stream Commit")
+                info = CommitInfo(
+                    own.xid, message.commit_lsn, message.end_lsn, message.commit_time_us, own.origin, own.origin_lsn
+                )
+                self._finish(info)
+                if info.end_lsn > self.checkpoint_lsn:
+                    self._write_own(own, info)
+                else:
+                    own.buffers.discard()
+            case PrepareMessage():
+                txn = self._close_plain(data[0], prepared=True)
+                assert txn.own is not None
+                txn.own.origin, txn.own.origin_lsn, txn.own.messages = txn.origin, txn.origin_lsn, txn.messages
+                self._prepared(txn.own, message)
+            case StreamPrepareMessage():
+                self._prepared(self._pop_stream(message.xid, "Stream Prepare"), message)
+            case CommitPreparedMessage():
+                info = CommitInfo(message.xid, message.commit_lsn, message.end_lsn, message.commit_time_us, gid=message.gid)
+                self._finish(info)
+                if info.end_lsn > self.checkpoint_lsn:
+                    self._write_shared()
+                    self.sink.commit_prepared(message.gid, info)
+            case RollbackPreparedMessage():
+                self.last_end_lsn = max(self.last_end_lsn, message.rollback_end_lsn)
+                self.completed += 1
+                if message.rollback_end_lsn > self.checkpoint_lsn:
+                    self.sink.rollback_prepared(message.gid, message.rollback_end_lsn)
+
+    # -- pieces --------------------------------------------------------------------------------
+
+    def _schema(self, relation_oid: int, data: bytes) -> RelationSchema:
+        schema = self._relations.get(relation_oid)
+        if schema is None:
+            raise DecodeError(
+                f"change for unknown relation OID {relation_oid}: no Relation message preceded it in this call",
+                message_type=message_name(data[0]),
+                offset=1 + 4 * self._decoder.in_stream,
+            )
+        return schema
+
+    def _truncate(self, message: TruncateMessage) -> None:
+        if self._stream is not None:
+            target: _OwnTransaction | _PlainTransaction = self._stream
+            buffers, tag = self._stream.buffers, 0
+            if message.xid is not None:
+                self._stream.subtransactions.setdefault(message.xid, self._stream.next_position)
+        else:
+            plain = self._open(ord("T"))
+            target, buffers, tag = plain, (plain.own.buffers if plain.own else self._shared), plain.tag
+            plain.changes += len(message.relation_oids)
+        schemas = []
+        for oid in message.relation_oids:
+            schema = self._relations.get(oid)
+            if schema is None:
+                raise DecodeError(
+                    f"Truncate lists unknown relation OID {oid}: no Relation message preceded it in this call",
+                    message_type="Truncate",
+                    offset=0,
+                )
+            schemas.append(schema)
+        names = [s.qualified_name for s in schemas]
+        for schema in schemas:
+            records = self._builder(schema).truncate(target.next_position, names, message.cascade, message.restart_identity)
+            buffers.add_records(schema, records, tag)
+        target.next_position += 1
+
+    def _stream_abort(self, message: StreamAbortMessage) -> None:
+        own = self._streams.get(message.xid)
+        if own is None:
+            return  # not streamed in this call: nothing of it is buffered
+        if message.subtransaction_xid == message.xid:
+            self._streams.pop(message.xid)
+            own.buffers.discard()
+            return
+        cut = own.subtransactions.get(message.subtransaction_xid)
+        if cut is None:
+            return  # the aborted subtransaction made no change seen here
+        own.buffers.drop_positions(cut, own.next_position)
+        own.messages = [m for m in own.messages if m.position < cut]
+        own.subtransactions = {x: p for x, p in own.subtransactions.items() if p < cut}
+
+    def _prepared(self, own: _OwnTransaction, message: PrepareMessage | StreamPrepareMessage) -> None:
+        self.last_end_lsn = max(self.last_end_lsn, message.end_lsn)
+        self.completed += 1
+        if message.end_lsn <= self.checkpoint_lsn:
+            own.buffers.discard()
+            return
+        own.buffers.convert_all()
+        chunks = [
+            (schema, records)
+            for queue in own.buffers.converted.values()
+            for schema, records, _ in queue.pop_all()
+        ]
+        self.sink.prepared(
+            PreparedTransaction(
+                message.gid, message.xid, message.prepare_lsn, message.end_lsn, message.prepare_time_us,
+                own.origin, own.origin_lsn, chunks, own.messages,
+            )
+        )
+
+    def _finish(self, info: CommitInfo) -> None:
+        self.last_end_lsn = max(self.last_end_lsn, info.end_lsn)
+        self.completed += 1
+
+    def _write_shared(self) -> None:
+        """Write every buffered change of committed plain transactions, with commit columns."""
+        self._shared.convert_all()
+        current = self._current.tag if self._current is not None else -1
+        columns = self._commits.columns()
+        for name, queue in list(self._shared.converted.items()):
+            kept = _SpillQueue(self._spill_dir)
+            for schema, records, tags in queue.pop_all():
+                assert tags is not None
+                waiting = tags == current
+                if waiting.any():  # rows of the open transaction stay until it commits
+                    kept.append(schema, records.filter(pa.array(waiting)), tags[waiting])
+                    done = ~waiting
+                    records, tags = records.filter(pa.array(done)), tags[done]
+                live = columns.live[tags]
+                if not live.all():  # transactions already in the log (a rewound slot)
+                    records, tags = records.filter(pa.array(live)), tags[live]
+                if records.num_rows:
+                    self.sink.records(schema, columns.attach(records, tags))
+            if kept:
+                self._shared.converted[name] = kept
+            else:
+                del self._shared.converted[name]
+        if self._current is None:
+            self._commits.clear()
+
+    def _write_own(self, own: _OwnTransaction, info: CommitInfo) -> None:
+        self._write_shared()  # earlier commits first: order within each table
+        own.buffers.convert_all()
+        changes = 0
+        for queue in own.buffers.converted.values():
+            for schema, records, _ in queue.pop_all():
+                changes += records.num_rows
+                self.sink.records(schema, with_commit_columns(records, info))
+        self.sink.transaction(info, changes, own.messages)
+
+    def _builder(self, schema: RelationSchema) -> ChangeRecordBuilder:
+        builder = self._builders.get(schema)
+        if builder is None:
+            builder = self._builders[schema] = ChangeRecordBuilder(schema, self.catalog)
+        return builder
+
+    def _new_buffers(self, *, xid_prefixed: bool) -> _Buffers:
+        return _Buffers(self._builder, xid_prefixed, self._spill_dir)
+
+    def _open(self, type_byte: int) -> _PlainTransaction:
+        if self._current is None:
+            raise DecodeError(
+                "message outside a transaction (no Begin before it)", message_type=message_name(type_byte), offset=0
+            )
+        return self._current
+
+    def _close_plain(self, type_byte: int, *, prepared: bool) -> _PlainTransaction:
+        txn = self._open(type_byte)
+        if txn.prepared != prepared:
+            raise DecodeError(
+                f"{message_name(type_byte)} ends transaction {txn.xid}, which began with"
+                f" {'Begin Prepare' if txn.prepared else 'Begin'}",
+                message_type=message_name(type_byte),
+                offset=0,
+            )
+        self._current = None
+        return txn
+
+    def _pop_stream(self, xid: int, what: str) -> _OwnTransaction:
+        own = self._streams.pop(xid, None)
+        if own is None:
+            raise DecodeError(f"{what} for transaction {xid}, which was not streamed in this call", message_type=what, offset=1)
+        return own
+
+
+COMMIT_FIELDS = [
+    pa.field("_cdc_commit_lsn", pa.int64(), nullable=False),
+    pa.field("_cdc_end_lsn", pa.int64(), nullable=False),
+    pa.field("_cdc_xid", pa.int64(), nullable=False),
+    pa.field("_cdc_commit_time", pa.timestamp("us", tz="UTC"), nullable=False),
+]
+
+
+def with_commit_columns(records: pa.RecordBatch, info: CommitInfo) -> pa.RecordBatch:
+    """``records`` of one transaction with its commit LSN, end LSN, xid and commit time."""
+    values = (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us)
+    return _prepend(records, [np.full(records.num_rows, v, dtype=np.int64) for v in values])
+
+
+def _prepend(records: pa.RecordBatch, commit_columns: list[np.ndarray]) -> pa.RecordBatch:
+    arrays = [pa.array(c, f.type) for c, f in zip(commit_columns, COMMIT_FIELDS)]
+    return pa.RecordBatch.from_arrays([*arrays, *records.columns], schema=pa.schema([*COMMIT_FIELDS, *records.schema]))
+
+
+@dataclass(slots=True)
+class _CommitColumns:
+    """Commit values by transaction tag, as arrays; ``live`` is False for dropped transactions."""
+
+    values: list[np.ndarray]
+    live: np.ndarray
+
+    def attach(self, records: pa.RecordBatch, tags: np.ndarray) -> pa.RecordBatch:
+        return _prepend(records, [column[tags] for column in self.values])
+
+
+class _CommitTable:
+    """Commit values of the plain transactions of a batch, by tag (their order of Begin)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self._values: list[list[int]] = [[], [], [], []]
+        self._live: list[bool] = []
+        self.pending = 0
+
+    def open(self) -> int:
+        """A tag for a transaction that just began; dropped unless :meth:`commit` is called."""
+        for column in self._values:
+            column.append(0)
+        self._live.append(False)
+        return len(self._live) - 1
+
+    def commit(self, tag: int, info: CommitInfo) -> None:
+        for column, value in zip(self._values, (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us)):
+            column[tag] = value
+        self._live[tag] = True
+        self.pending += 1
+
+    def columns(self) -> _CommitColumns:
+        return _CommitColumns([np.array(c, dtype=np.int64) for c in self._values], np.array(self._live, dtype=bool))

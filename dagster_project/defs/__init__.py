@@ -1,0 +1,1 @@
+"""Definitions, one module per domain (filled in as the pipeline grows)."""

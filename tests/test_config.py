@@ -1,0 +1,89 @@
+"""The configuration file: substitution, defaults, validation messages, path resolution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cdc_assets.config import TableName, load_config, parse_config
+from cdc_assets.errors import ConfigError
+
+EXAMPLE = """
+source:
+  dsn: ${CDC_SOURCE_DSN}
+  publication: cdc_pub
+  slot: cdc_slot
+changelog:
+  path: ./data/changelog
+warehouse:
+  path: s3://bucket/warehouse/
+spark:
+  master: local[2]
+  conf: {spark.sql.shuffle.partitions: 4, spark.ui.enabled: false}
+tables:
+  public.orders:
+    row_filter: "status <> 'draft'"
+    truncate: apply
+  public.customers: {}
+  '"Odd Schema"."a.b"':
+    truncate: ignore
+"""
+
+
+def parse(text: str, **env: str) -> object:
+    return parse_config(text, origin=Path("/etc/cdc/cdc.yaml"), environ=env)
+
+
+def test_design_example_parses_with_defaults_and_resolved_paths() -> None:
+    config = parse(EXAMPLE, CDC_SOURCE_DSN="host=db password=hunter2")
+    assert config.source.dsn == "host=db password=hunter2"
+    assert "hunter2" not in repr(config)
+    assert config.source.streaming == "off" and config.source.batch_changes == 100_000
+    assert config.changelog_path == "/etc/cdc/data/changelog"
+    assert config.warehouse_path == "s3://bucket/warehouse"
+    assert [str(t.name) for t in config.tables] == ["public.orders", "public.customers", "Odd Schema.a.b"]
+    orders = config.table("public.orders")
+    assert orders.row_filter == "status <> 'draft'" and orders.truncate == "apply"
+    assert config.target_path(orders) == "s3://bucket/warehouse/public/orders"
+    assert config.table('"Odd Schema"."a.b"').truncate == "ignore"
+    assert config.spark.conf == {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
+    assert config.schedule.drain_cron == "*/5 * * * *"
+
+
+def test_table_names_quote_and_default_schema() -> None:
+    assert TableName.parse("orders") == TableName("public", "orders")
+    assert TableName.parse('"My ""Q"""."t"').sql == '"My ""Q"""."t"'
+    with pytest.raises(ValueError, match="not a table name"):
+        TableName.parse("a.b.c")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (("${CDC_SOURCE_DSN}", "${NOPE}"), r"cdc.yaml, line 3: environment variable NOPE is not set"),
+        (("truncate: apply", "truncate: drop"), r"tables.public.orders.truncate: expected 'apply' or 'ignore', got 'drop'"),
+        (("slot: cdc_slot", "slot: Bad-Slot"), r"source.slot: a replication slot name is 1-63"),
+        (("publication: cdc_pub", "publication: cdc_pub\n  colour: blue"), r"source.colour: unknown setting"),
+        (("master: local[2]", "master: local[2]\n  remote: sc://x"), r"spark.remote: set either spark.master or spark.remote"),
+        (("  path: ./data/changelog", "  path: 7"), r"changelog.path: expected a non-empty string, got 7"),
+    ],
+)
+def test_mistakes_name_the_file_and_key(edit: tuple[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(EXAMPLE.replace(*edit), CDC_SOURCE_DSN="x")
+
+
+def test_dsn_is_never_echoed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse(EXAMPLE.replace("${CDC_SOURCE_DSN}", "[secret]"))
+    assert "secret" not in str(caught.value)
+
+
+def test_default_substitution_and_missing_file(tmp_path: Path) -> None:
+    config = parse(EXAMPLE.replace("${CDC_SOURCE_DSN}", "${CDC_SOURCE_DSN:-dbname=demo}"))
+    assert config.source.dsn == "dbname=demo"
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        load_config(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError, match=r"tables: is required"):
+        parse("source: {dsn: x}\nchangelog: {path: a}\nwarehouse: {path: b}\n")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from struct import Struct
 from typing import Protocol
@@ -163,24 +163,40 @@ class _SpillQueue:
 
 @dataclass(slots=True)
 class _RawBuffer:
-    """Raw change messages of one table under one schema, waiting to be converted."""
+    """Raw change messages of one table under one schema, waiting to be converted, each with its
+    sequence number (see :class:`_Buffers`)."""
 
     schema: RelationSchema
     messages: list[bytes] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    tags: list[int] = field(default_factory=list)  # shared buffers: transaction sequence numbers
+    seqs: list[int] = field(default_factory=list)
+
+
+Locate = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def _own_positions(seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """In a transaction's own buffers a sequence number is the position (one transaction, tag 0)."""
+    return seqs, np.zeros(len(seqs), dtype=np.int64)
 
 
 class _Buffers:
     """Raw and converted changes per table, in order. ``xid_prefixed`` says how raw messages
-    were sent (inside stream blocks they carry an xid)."""
+    were sent (inside stream blocks they carry an xid); ``locate`` maps sequence numbers to
+    positions in their transactions and to transaction tags."""
 
-    def __init__(self, builder: Callable[[RelationSchema], ChangeRecordBuilder], xid_prefixed: bool, spill_dir: str | None) -> None:
+    def __init__(
+        self,
+        builder: Callable[[RelationSchema], ChangeRecordBuilder],
+        xid_prefixed: bool,
+        spill_dir: str | None,
+        locate: Locate = _own_positions,
+    ) -> None:
         self.raw: dict[str, _RawBuffer] = {}
         self.converted: dict[str, _SpillQueue] = {}
         self._builder = builder
         self._xid_prefixed = xid_prefixed
         self._spill_dir = spill_dir
+        self._locate = locate
 
     @property
     def raw_rows(self) -> int:
@@ -197,10 +213,9 @@ class _Buffers:
             raw = self.raw[name] = _RawBuffer(schema)
         return raw
 
-    def add(self, raw: _RawBuffer, data: bytes, position: int, tag: int = 0) -> None:
+    def add(self, raw: _RawBuffer, data: bytes, seq: int) -> None:
         raw.messages.append(data)
-        raw.positions.append(position)
-        raw.tags.append(tag)
+        raw.seqs.append(seq)
         if len(raw.messages) >= CHUNK_ROWS:
             self.convert(raw.schema.qualified_name)
 
@@ -215,11 +230,10 @@ class _Buffers:
         raw = self.raw.get(name)
         if raw is None or not raw.messages:
             return
-        records = self._builder(raw.schema).changes(
-            raw.messages, np.array(raw.positions, dtype=np.int64), xid_prefixed=self._xid_prefixed
-        )
-        self._queue(name).append(raw.schema, records, np.array(raw.tags, dtype=np.int64))
-        raw.messages, raw.positions, raw.tags = [], [], []
+        positions, tags = self._locate(np.array(raw.seqs, dtype=np.int64))
+        records = self._builder(raw.schema).changes(raw.messages, positions, xid_prefixed=self._xid_prefixed)
+        self._queue(name).append(raw.schema, records, tags)
+        raw.messages, raw.seqs = [], []
 
     def convert_all(self) -> None:
         for name in list(self.raw):
@@ -228,10 +242,9 @@ class _Buffers:
     def drop_positions(self, start: int, end: int) -> None:
         """Forget changes at positions in [start, end) (an aborted subtransaction and later ones)."""
         for raw in self.raw.values():
-            keep = [i for i, p in enumerate(raw.positions) if not start <= p < end]
+            keep = [i for i, p in enumerate(raw.seqs) if not start <= p < end]
             raw.messages = [raw.messages[i] for i in keep]
-            raw.positions = [raw.positions[i] for i in keep]
-            raw.tags = [raw.tags[i] for i in keep]
+            raw.seqs = [raw.seqs[i] for i in keep]
         for name, queue in self.converted.items():
             kept = _SpillQueue(self._spill_dir)
             for schema, records, tags in queue.pop_all():
@@ -267,19 +280,27 @@ class _OwnTransaction:
         self.messages: list[TransactionalMessage] = []
 
 
-@dataclass(slots=True)
 class _PlainTransaction:
-    """The open plain (or non-streamed two-phase) transaction."""
+    """The open plain (or non-streamed two-phase) transaction.
 
-    xid: int
-    tag: int
-    prepared: bool
-    origin: str | None = None
-    origin_lsn: int | None = None
-    next_position: int = 0
-    changes: int = 0
-    messages: list[TransactionalMessage] = field(default_factory=list)
-    own: _OwnTransaction | None = None  # set for Begin Prepare: buffered on its own
+    Its changes take the assembler's sequence numbers from ``start`` on (a change's position is
+    its number minus ``start``); ``adjust`` corrects their count to the number of change records
+    (a message takes a number but is no change; a Truncate is one record per relation). ``own``
+    is set for Begin Prepare: such a transaction is buffered on its own.
+    """
+
+    __slots__ = ("xid", "tag", "prepared", "start", "adjust", "origin", "origin_lsn", "messages", "own")
+
+    def __init__(self, xid: int, tag: int, prepared: bool, start: int) -> None:
+        self.xid = xid
+        self.tag = tag
+        self.prepared = prepared
+        self.start = start
+        self.adjust = 0
+        self.origin: str | None = None
+        self.origin_lsn: int | None = None
+        self.messages: list[TransactionalMessage] | None = None
+        self.own: _OwnTransaction | None = None
 
 
 class TransactionAssembler:
@@ -287,25 +308,24 @@ class TransactionAssembler:
 
     def __init__(
         self,
-        sink: ChangeSink,
         *,
         streaming: Streaming = "off",
-        checkpoint_lsn: int = 0,
         catalog: TypeCatalog | None = None,
         describe: DescribeRelation | None = None,
         slot: str | None = None,
         spill_dir: str | None = None,
     ) -> None:
-        self.sink = sink
+        self.sink: ChangeSink | None = None
         self.streaming: Streaming = streaming
-        self.checkpoint_lsn = checkpoint_lsn
+        self.checkpoint_lsn = 0
         self.catalog = catalog if catalog is not None else TypeCatalog()
         self.slot = slot
         self._describe = describe or RelationSchema.from_message
         self._spill_dir = spill_dir
         self._builders: dict[RelationSchema, ChangeRecordBuilder] = {}
-        self._shared = self._new_buffers(xid_prefixed=False)
         self._commits = _CommitTable()
+        self._shared = _Buffers(self._builder, False, spill_dir, self._commits.locate)
+        self._seq = 0  # sequence numbers of the positioned items (changes, truncates, messages) of plain transactions
         self._decoder = PgoutputDecoder(streaming)
         self._relations: dict[int, RelationSchema] = {}
         self._shared_raw: dict[int, _RawBuffer] = {}  # this call's relations → their shared buffer
@@ -313,13 +333,18 @@ class TransactionAssembler:
         self._streams: dict[int, _OwnTransaction] = {}
         self._stream: _OwnTransaction | None = None
         self._lsn = 0
-        self.last_end_lsn = checkpoint_lsn
+        self.last_end_lsn = 0
         self.completed = 0
 
     # -- per call ----------------------------------------------------------------------------
 
-    def start_call(self) -> None:
-        """Forget what the previous peek call sent: Relation/Type messages and partial streams."""
+    def start_call(self, sink: ChangeSink, checkpoint_lsn: int) -> None:
+        """Begin a peek call whose transactions go to ``sink``; those ending at or before
+        ``checkpoint_lsn`` are dropped. Forgets what the previous call sent: Relation and Type
+        messages and partial streams."""
+        self.sink = sink
+        self.checkpoint_lsn = checkpoint_lsn
+        self.last_end_lsn = max(self.last_end_lsn, checkpoint_lsn)
         self._decoder = PgoutputDecoder(self.streaming)
         self._relations.clear()
         self._shared_raw.clear()
@@ -352,6 +377,39 @@ class TransactionAssembler:
 
     # -- rows ----------------------------------------------------------------------------------
 
+    def feed_rows(self, rows: Iterable[tuple[int, bytes]]) -> int:
+        """Consume the ``(lsn, data)`` rows of a peek call; return how many there were.
+
+        Changes of plain transactions take a short path here (two list appends); everything else
+        goes through :meth:`feed`.
+        """
+        count = 0
+        shared, relations, unpack = self._shared, self._shared_raw, _OID
+        plain = self._plain_target()
+        seq = self._seq
+        for lsn, data in rows:
+            count += 1
+            if plain and len(data) >= 5 and (data[0] == 73 or data[0] == 85 or data[0] == 68):
+                raw = relations.get(unpack(data, 1)[0])
+                if raw is not None:
+                    raw.messages.append(data)
+                    raw.seqs.append(seq)
+                    seq += 1
+                    if len(raw.messages) >= CHUNK_ROWS:
+                        shared.convert(raw.schema.qualified_name)
+                    continue
+            self._seq = seq
+            self.feed(lsn, data)
+            seq = self._seq
+            plain = self._plain_target()
+        self._seq = seq
+        return count
+
+    def _plain_target(self) -> bool:
+        """Whether changes now go to the shared buffers (a plain transaction is open)."""
+        txn = self._current
+        return txn is not None and txn.own is None and not self._decoder.in_stream
+
     def feed(self, lsn: int, data: bytes) -> None:
         """Consume one row of a peek call."""
         self._lsn = lsn
@@ -364,14 +422,6 @@ class TransactionAssembler:
             raise error.at(lsn=lsn, slot=self.slot) from None
 
     def _change(self, data: bytes) -> None:
-        txn = self._current
-        if txn is not None and txn.own is None and not self._decoder.in_stream and len(data) >= 5:
-            raw = self._shared_raw.get(_OID(data, 1)[0])
-            if raw is not None:  # the hot path: a plain transaction, a relation seen in this call
-                self._shared.add(raw, data, txn.next_position, txn.tag)
-                txn.next_position += 1
-                txn.changes += 1
-                return
         if len(data) < (9 if self._decoder.in_stream else 5):
             self._decoder.decode(data)  # raises the precise DecodeError
         if self._decoder.in_stream:
@@ -386,9 +436,7 @@ class TransactionAssembler:
         plain = self._open(data[0])
         schema = self._schema(relation_oid, data)
         buffers = plain.own.buffers if plain.own is not None else self._shared
-        buffers.add(buffers.buffer(schema), data, plain.next_position, plain.tag)
-        plain.next_position += 1
-        plain.changes += 1
+        buffers.add(buffers.buffer(schema), data, self._take_position(plain)[1])
 
     def _control(self, data: bytes) -> None:
         message = self._decoder.decode(data)
@@ -401,7 +449,7 @@ class TransactionAssembler:
                         offset=0,
                     )
                 prepared = isinstance(message, BeginPrepareMessage)
-                self._current = _PlainTransaction(message.xid, self._commits.open(), prepared)
+                self._current = _PlainTransaction(message.xid, self._commits.open(self._seq), prepared, self._seq)
                 if prepared:
                     self._current.own = _OwnTransaction(message.xid, self._new_buffers(xid_prefixed=False))
             case CommitMessage():
@@ -412,9 +460,9 @@ class TransactionAssembler:
                 self._finish(info)
                 if info.end_lsn > self.checkpoint_lsn:
                     self._commits.commit(txn.tag, info)
+                    self.sink.transaction(info, self._seq - txn.start + txn.adjust, txn.messages or [])
                     if self._commits.pending >= CHUNK_ROWS // 4 and self._shared.raw_rows >= CHUNK_ROWS:
                         self._write_shared()
-                    self.sink.transaction(info, txn.changes, txn.messages)
             case OriginMessage():
                 target = self._stream or self._open(data[0])
                 target.origin, target.origin_lsn = message.name, message.commit_lsn
@@ -430,8 +478,12 @@ class TransactionAssembler:
                     self.sink.standalone_message(self._lsn, message)
                     return
                 target = self._stream or self._open(data[0])
-                target.messages.append(TransactionalMessage(target.next_position, message))
-                target.next_position += 1
+                position = self._take_position(target)[0]
+                if isinstance(target, _PlainTransaction) and target.own is None:
+                    target.adjust -= 1  # a message is not a change record
+                if target.messages is None:
+                    target.messages = []
+                target.messages.append(TransactionalMessage(position, message))
             case StreamStartMessage():
                 own = self._streams.get(message.xid)
                 if own is None:
@@ -461,7 +513,7 @@ class TransactionAssembler:
             case PrepareMessage():
                 txn = self._close_plain(data[0], prepared=True)
                 assert txn.own is not None
-                txn.own.origin, txn.own.origin_lsn, txn.own.messages = txn.origin, txn.origin_lsn, txn.messages
+                txn.own.origin, txn.own.origin_lsn, txn.own.messages = txn.origin, txn.origin_lsn, txn.messages or []
                 self._prepared(txn.own, message)
             case StreamPrepareMessage():
                 self._prepared(self._pop_stream(message.xid, "Stream Prepare"), message)
@@ -490,15 +542,6 @@ class TransactionAssembler:
         return schema
 
     def _truncate(self, message: TruncateMessage) -> None:
-        if self._stream is not None:
-            target: _OwnTransaction | _PlainTransaction = self._stream
-            buffers, tag = self._stream.buffers, 0
-            if message.xid is not None:
-                self._stream.subtransactions.setdefault(message.xid, self._stream.next_position)
-        else:
-            plain = self._open(ord("T"))
-            target, buffers, tag = plain, (plain.own.buffers if plain.own else self._shared), plain.tag
-            plain.changes += len(message.relation_oids)
         schemas = []
         for oid in message.relation_oids:
             schema = self._relations.get(oid)
@@ -509,11 +552,33 @@ class TransactionAssembler:
                     offset=0,
                 )
             schemas.append(schema)
+        target = self._stream or self._open(ord("T"))
+        if isinstance(target, _OwnTransaction):
+            buffers, tag = target.buffers, 0
+            if message.xid is not None:
+                target.subtransactions.setdefault(message.xid, target.next_position)
+        else:
+            buffers = target.own.buffers if target.own else self._shared
+            tag = 0 if target.own else target.tag
+            target.adjust += len(schemas) - 1  # one change record per truncated relation
+        position = self._take_position(target)[0]
         names = [s.qualified_name for s in schemas]
         for schema in schemas:
-            records = self._builder(schema).truncate(target.next_position, names, message.cascade, message.restart_identity)
+            records = self._builder(schema).truncate(position, names, message.cascade, message.restart_identity)
             buffers.add_records(schema, records, tag)
-        target.next_position += 1
+
+    def _take_position(self, target: _OwnTransaction | _PlainTransaction) -> tuple[int, int]:
+        """The next position in ``target`` and the number its buffers know it by (the same in a
+        transaction's own buffers; the shared sequence number for a plain transaction)."""
+        own = target if isinstance(target, _OwnTransaction) else target.own
+        if own is not None:
+            position = own.next_position
+            own.next_position += 1
+            return position, position
+        assert isinstance(target, _PlainTransaction)
+        seq = self._seq
+        self._seq += 1
+        return seq - target.start, seq
 
     def _stream_abort(self, message: StreamAbortMessage) -> None:
         own = self._streams.get(message.xid)
@@ -578,6 +643,7 @@ class TransactionAssembler:
                 del self._shared.converted[name]
         if self._current is None:
             self._commits.clear()
+            self._seq = 0
 
     def _write_own(self, own: _OwnTransaction, info: CommitInfo) -> None:
         self._write_shared()  # earlier commits first: order within each table
@@ -661,22 +727,30 @@ class _CommitTable:
         self.clear()
 
     def clear(self) -> None:
-        self._values: list[list[int]] = [[], [], [], []]
-        self._live: list[bool] = []
+        self._rows: list[tuple[int, int, int, int] | None] = []
+        self._starts: list[int] = []
         self.pending = 0
 
-    def open(self) -> int:
-        """A tag for a transaction that just began; dropped unless :meth:`commit` is called."""
-        for column in self._values:
-            column.append(0)
-        self._live.append(False)
-        return len(self._live) - 1
+    def open(self, start: int) -> int:
+        """A tag for a transaction that just began with sequence number ``start``; it is dropped
+        unless :meth:`commit` is called."""
+        self._rows.append(None)
+        self._starts.append(start)
+        return len(self._rows) - 1
+
+    def locate(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions within their transactions and tags of the changes numbered ``seqs``."""
+        starts = np.array(self._starts, dtype=np.int64)
+        tags = np.searchsorted(starts, seqs, side="right") - 1
+        return seqs - starts[tags], tags
 
     def commit(self, tag: int, info: CommitInfo) -> None:
-        for column, value in zip(self._values, (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us)):
-            column[tag] = value
-        self._live[tag] = True
+        self._rows[tag] = (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us)
         self.pending += 1
 
     def columns(self) -> _CommitColumns:
-        return _CommitColumns([np.array(c, dtype=np.int64) for c in self._values], np.array(self._live, dtype=bool))
+        live = np.fromiter((row is not None for row in self._rows), dtype=bool, count=len(self._rows))
+        values = np.zeros((len(self._rows), 4), dtype=np.int64)
+        if live.any():
+            values[live] = np.array([row for row in self._rows if row is not None], dtype=np.int64)
+        return _CommitColumns([values[:, i].copy() for i in range(4)], live)

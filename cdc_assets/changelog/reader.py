@@ -95,21 +95,20 @@ class ChangeLogReader:
         """Logical decoding messages (``pg_logical_emit_message``) logged in ``(after, upto]``."""
         return self._read_log(MESSAGES, "lsn", after, upto)
 
-    def stale_files(self) -> list[str]:
-        """Files no valid checkpoint covers: leftovers of a batch that died before its checkpoint
-        (or of prepared transactions already resolved)."""
+    def remove_stale(self) -> None:
+        """Delete what no checkpoint covers: files of a batch that died before its checkpoint and
+        prepared transactions already resolved. Call only while holding the drain lock."""
         checkpoint = self.checkpoint()
         position = checkpoint.lsn if checkpoint else 0
-        stale = []
-        folders = [table_folder(t) for t in self.tables()] + [TRANSACTIONS, MESSAGES]
-        for folder in folders:
+        for folder in [table_folder(t) for t in self.tables()] + [TRANSACTIONS, MESSAGES]:
             for path in self.store.list(folder):
                 name = SegmentName.parse(path)
-                if name is None or name.batch_start >= position or checkpoint is None:
-                    stale.append(path)
+                if checkpoint is None or name is None or name.batch_start >= position:
+                    self.store.delete(path)
         live = {p.folder for p in checkpoint.prepared.values()} if checkpoint else set()
-        stale.extend(folder for folder in self.store.folders(PREPARED) if folder not in live)
-        return stale
+        for folder in self.store.folders(PREPARED):
+            if folder not in live:
+                self.store.delete_folder(folder)
 
     def _limit(self, upto: int | None) -> int:
         if upto is not None:

@@ -154,6 +154,12 @@ class BatchWriter:
     def rollback_prepared(self, gid: str, end_lsn: int) -> None:
         self._take_prepared(gid, end_lsn)
 
+    def declare(self, relation: RelationSchema) -> None:
+        """Record a table that has no change in this batch (an empty table in the snapshot)."""
+        table = relation.qualified_name
+        if table not in self._tables:
+            self._tables[table] = TableState(0, 1, relation)
+
     # -- closing --------------------------------------------------------------------------------
 
     def close(self, lsn: int) -> Checkpoint:

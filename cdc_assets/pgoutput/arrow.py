@@ -34,11 +34,7 @@ SNAPSHOT = "snapshot"
 TRUNCATE = "truncate"
 
 TRUNCATE_TYPE = pa.struct(
-    [
-        pa.field("relations", pa.list_(pa.string()), nullable=False),
-        pa.field("cascade", pa.bool_(), nullable=False),
-        pa.field("restart_identity", pa.bool_(), nullable=False),
-    ]
+    [pa.field("relations", pa.list_(pa.string())), pa.field("cascade", pa.bool_()), pa.field("restart_identity", pa.bool_())]
 )
 SPECIAL_TYPE = pa.map_(pa.string(), pa.string())
 
@@ -56,7 +52,7 @@ class ChangeRecordBuilder:
     def __init__(self, relation: RelationSchema, catalog: TypeCatalog | None = None) -> None:
         self.relation = relation
         self.converters: list[ColumnConverter] = [
-            column_converter(c.type_oid, c.type_modifier, catalog, c.ndims) for c in relation.columns
+            column_converter(c.type_oid, c.type_modifier, catalog, max(c.ndims, 1)) for c in relation.columns
         ]
         self.row_type = pa.struct([pa.field(c.name, conv.arrow_type) for c, conv in zip(relation.columns, self.converters)])
         self._names = pa.array([c.name for c in relation.columns], pa.string())

@@ -121,7 +121,7 @@ def _extract(buf: _Buffer, starts: np.ndarray, ends: np.ndarray, ncols: int, mar
     is_update = ops == OP_UPDATE
     is_delete = ops == OP_DELETE
     _check(is_update | is_delete | (ops == OP_INSERT), "not an Insert, Update or Delete message")
-    has_old = is_delete | (is_update & ((markers == MARKER_KEY) | (markers == MARKER_OLD)))
+    has_old = (is_delete | is_update) & ((markers == MARKER_KEY) | (markers == MARKER_OLD))
     _check(~is_delete | has_old, "Delete without a 'K' or 'O' tuple")
     old = _walk(buf, marker_pos + 1, ends, ncols, has_old)
     new_marker_pos = np.where(has_old, old.end, marker_pos)

@@ -12,18 +12,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cdc_assets.config import TableName
 from cdc_assets.pgoutput.messages import RelationMessage
 
 
 @dataclass(slots=True, frozen=True)
 class ColumnSchema:
-    """One published column. ``ndims`` is the number of array dimensions (1 for non-arrays)."""
+    """One published column: ``is_key`` is pgoutput's replica-identity flag, ``ndims`` the array
+    dimensions (0 for non-arrays)."""
 
     name: str
     type_oid: int
     type_modifier: int
     is_key: bool
-    ndims: int = 1
+    ndims: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,6 +40,7 @@ class RelationSchema:
 
     @classmethod
     def from_message(cls, message: RelationMessage, ndims: Mapping[str, int] | None = None) -> RelationSchema:
+        """From a Relation message; ``ndims`` by column name (0, not an array, where absent)."""
         dims = ndims or {}
         return cls(
             relation_oid=message.relation_oid,
@@ -45,10 +48,14 @@ class RelationSchema:
             name=message.relation_name,
             replica_identity=message.replica_identity,
             columns=tuple(
-                ColumnSchema(c.name, c.type_oid, c.type_modifier, c.is_key, max(dims.get(c.name, 1), 1))
+                ColumnSchema(c.name, c.type_oid, c.type_modifier, c.is_key, dims.get(c.name, 0))
                 for c in message.columns
             ),
         )
+
+    @property
+    def table(self) -> TableName:
+        return TableName(self.namespace, self.name)
 
     @property
     def qualified_name(self) -> str:

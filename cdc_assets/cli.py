@@ -1,0 +1,147 @@
+"""The ``cdc-assets`` command: what the Dagster assets do, for operators and scripts.
+
+Errors cdc-assets expects (bad config, missing slot, invalidated slot, …) print one clear line and
+exit non-zero (2 for a configuration error, 1 otherwise) without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from cdc_assets.config import Config, load_config
+from cdc_assets.errors import CdcError, ConfigError
+from cdc_assets.lsn import format_lsn
+
+
+class Progress:
+    """One status line, rewritten in place on a terminal and printed every few seconds elsewhere."""
+
+    def __init__(self, stream: TextIO = sys.stderr, interval_s: float = 5.0) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.interval_s = interval_s
+        self._last = 0.0
+        self._shown = False
+
+    def show(self, text: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write(f"\r\033[K{text}")
+            self._shown = True
+        elif force or now - self._last >= self.interval_s:
+            self.stream.write(text + "\n")
+            self._last = now
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self._shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except ConfigError as error:
+        print(f"cdc-assets: configuration error: {error}", file=sys.stderr)
+        return 2
+    except CdcError as error:
+        print(f"cdc-assets: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cdc-assets: interrupted; nothing past the last checkpoint was advanced", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cdc-assets",
+        description="PostgreSQL change data capture into Delta Lake, orchestrated by Dagster.",
+    )
+    commands = parser.add_subparsers(required=True, metavar="command")
+
+    def command(name: str, help_text: str, run: Callable[[argparse.Namespace], int | None]) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("-c", "--config", help="configuration file (default: $CDC_CONFIG, else ./cdc.yaml)")
+        sub.set_defaults(run=run)
+        return sub
+
+    command("setup", "create the publication and slot if missing; copy the initial snapshot", _setup)
+    drain = command("drain", "drain the slot into the change log until caught up", _drain)
+    drain.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
+    status = command("status", "slot position and lag, checkpoint, applied LSN per table", _status)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load_config(args.config)
+
+
+def _setup(args: argparse.Namespace) -> int:
+    from cdc_assets.setup import setup
+
+    config = _config(args)
+    progress = Progress()
+    result = setup(config, progress=lambda table, rows: progress.show(f"snapshot {table}: {rows:,} rows"))
+    progress.done()
+    if not result.created_slot:
+        print(f"already set up: slot {config.source.slot} and the change log at {config.changelog_path} exist")
+        return 0
+    if result.created_publication:
+        print(f"created publication {config.source.publication}")
+    print(f"created slot {config.source.slot}; snapshot at LSN {format_lsn(result.snapshot_lsn or 0)}")
+    for table, rows in result.rows.items():
+        print(f"  {table}: {rows:,} rows")
+    print(f"done in {result.elapsed_s:.1f} s")
+    return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    from cdc_assets.drain import DrainProgress, drain
+
+    config = _config(args)
+    progress = Progress()
+
+    def show(p: DrainProgress) -> None:
+        rate = p.changes / p.elapsed_s if p.elapsed_s > 0 else 0.0
+        progress.show(
+            f"batch {p.batches}: {p.transactions:,} transactions, {p.changes:,} changes ({rate:,.0f}/s),"
+            f" checkpoint {format_lsn(p.checkpoint_lsn)} of {format_lsn(p.target_lsn)}"
+        )
+
+    result = drain(config, wait=args.wait, progress=show)
+    progress.done()
+    print(
+        f"drained {result.transactions:,} transactions, {result.total_changes:,} changes in {result.batches} batches"
+        f" ({result.elapsed_s:.1f} s); checkpoint {format_lsn(result.start_lsn)} -> {format_lsn(result.checkpoint_lsn)}"
+    )
+    for table, count in sorted(result.changes.items()):
+        print(f"  {table}: {count:,} changes")
+    if result.slot is not None and result.slot.lag_bytes is not None:
+        print(f"slot {result.slot.name}: lag {result.slot.lag_bytes:,} bytes, WAL status {result.slot.wal_status}")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from cdc_assets.status import read_status
+
+    status = read_status(_config(args))
+    if args.json:
+        print(json.dumps(status.to_json(), indent=2))
+        return 0
+    for line in status.lines():
+        print(line)
+    return 0
+
+
+def run(argv: Sequence[str] | None = None) -> Any:
+    """Entry point for ``python -m cdc_assets``."""
+    sys.exit(main(argv))

@@ -1,0 +1,136 @@
+"""Setting up a source: publication, slot, and the initial snapshot into the change log.
+
+The slot is created on a replication connection with an exported snapshot; each configured table
+is copied inside that snapshot, so the copy holds exactly the transactions that committed before
+the slot's consistent point and the slot decodes exactly those after it (nothing lost, nothing
+twice). The copy becomes the change log's first batch (``snapshot`` records at the consistent
+point) and the first checkpoint.
+
+Setup is safe to rerun and to kill: ``_setup.json`` marks a setup in progress, so a slot left by a
+killed setup (no checkpoint yet) is recognised as ours, dropped and created again; a slot the log
+does not know is never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.changelog.writer import BatchWriter
+from cdc_assets.config import Config
+from cdc_assets.errors import CdcError, SlotMissingError
+from cdc_assets.lsn import format_lsn
+from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
+from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.source import (
+    DrainLock,
+    SnapshotReader,
+    check_source,
+    connect,
+    create_slot_with_snapshot,
+    drop_slot,
+    ensure_publication,
+    load_type_catalog,
+    read_slot,
+    require_replication_role,
+    require_usable_slot,
+)
+from cdc_assets.transactions import CommitInfo, with_commit_columns
+
+SETUP_MARKER = "_setup.json"
+
+
+@dataclass(slots=True)
+class SetupResult:
+    """What setup did: whether it created the publication and slot, and the rows it copied."""
+
+    created_publication: bool = False
+    created_slot: bool = False
+    snapshot_lsn: int | None = None
+    rows: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+
+def setup(config: Config, *, progress: Callable[[str, int], None] | None = None) -> SetupResult:
+    """Create what is missing; copy the initial snapshot when the slot is new.
+
+    ``progress(table, rows_so_far)`` is called while tables are copied.
+    """
+    source = config.source
+    store = LogStore(config.changelog_path)
+    result = SetupResult()
+    started = time.monotonic()
+    with DrainLock(source, wait=False), connect(source, purpose="setup") as conn:
+        check_source(conn, config)
+        require_replication_role(conn)
+        result.created_publication = ensure_publication(conn, config)
+        checkpoint = read_checkpoint(store)
+        slot = read_slot(conn, source.slot)
+        if checkpoint is not None:
+            if slot is None:
+                raise SlotMissingError(
+                    f"replication slot {source.slot} does not exist, but the change log at {config.changelog_path}"
+                    f" was set up for it (checkpoint {format_lsn(checkpoint.lsn)}): changes since then are lost."
+                    " Remedy: move the change log and the warehouse aside and run `cdc-assets setup` again"
+                )
+            require_usable_slot(slot, source)
+            return result  # already set up
+        if slot is not None:
+            if not store.exists(SETUP_MARKER):
+                raise CdcError(
+                    f"replication slot {source.slot} already exists but the change log at {config.changelog_path} is"
+                    " empty: it was not created by cdc-assets for this change log. Drop it"
+                    f" (SELECT pg_drop_replication_slot('{source.slot}')) or set source.slot to a new name"
+                )
+            drop_slot(conn, source.slot)  # left by a setup that died before its checkpoint
+        store.replace(SETUP_MARKER, json.dumps({"slot": source.slot}).encode())
+        ChangeLogReader(store).remove_stale()
+        with create_slot_with_snapshot(source) as exported:
+            result.created_slot = True
+            result.snapshot_lsn = exported.consistent_point
+            checkpoint = _copy_snapshot(config, store, exported.snapshot_name, exported.consistent_point, result, progress)
+        write_checkpoint(store, checkpoint)
+        store.delete(SETUP_MARKER)
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def _copy_snapshot(
+    config: Config,
+    store: LogStore,
+    snapshot_name: str,
+    lsn: int,
+    result: SetupResult,
+    progress: Callable[[str, int], None] | None,
+) -> Checkpoint:
+    """Copy every configured table as of the snapshot into the log's first batch."""
+    writer = BatchWriter(store, Checkpoint(config.source.slot, 0))
+    info = CommitInfo(xid=0, commit_lsn=lsn, end_lsn=lsn, commit_time_us=time.time_ns() // 1000)
+    try:
+        with SnapshotReader(config.source, snapshot_name) as snapshot:
+            for table in config.tables:
+                relation = snapshot.describe(table.name)
+                catalog = TypeCatalog.of(load_type_catalog(snapshot.connection, [c.type_oid for c in relation.columns]))
+                builder = ChangeRecordBuilder(relation, catalog)
+                copied = 0
+                for columns in snapshot.chunks(relation):
+                    count = len(columns[0]) if columns else 0
+                    records = builder.snapshot(columns, np.arange(copied, copied + count, dtype=np.int64))
+                    writer.records(relation, with_commit_columns(records, info))
+                    copied += count
+                    if progress is not None:
+                        progress(str(table.name), copied)
+                if copied == 0:
+                    writer.declare(relation)
+                result.rows[str(table.name)] = copied
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.close(lsn).advanced(lsn, snapshot_lsn=lsn)

@@ -1,0 +1,74 @@
+"""Everything that talks to the source database (psycopg 3): connections, checks, publication,
+slot state and creation, the exported-snapshot copy, catalog look-ups, peek and advance,
+heartbeat and the drain lock."""
+
+from cdc_assets.source.catalog import column_ndims, describe_table, load_type_catalog
+from cdc_assets.source.checks import (
+    ServerSettings,
+    check_source,
+    read_server_settings,
+    require_replication_role,
+    require_server_settings,
+    require_tables,
+)
+from cdc_assets.source.connection import (
+    PINNED_SETTINGS,
+    apply_pinned_settings,
+    connect,
+    server_major,
+)
+from cdc_assets.source.heartbeat import HEARTBEAT_PREFIX, emit_heartbeat
+from cdc_assets.source.lock import DrainLock, drain_lock_key
+from cdc_assets.source.publication import (
+    ensure_publication,
+    publication_exists,
+    published_tables,
+)
+from cdc_assets.source.reader import (
+    PeekedRow,
+    SlotReader,
+    max_proto_version,
+    pgoutput_options,
+)
+from cdc_assets.source.slots import SlotState, drop_slot, read_slot, require_usable_slot
+from cdc_assets.source.snapshot import (
+    ExportedSnapshot,
+    SnapshotReader,
+    create_slot_command,
+    create_slot_with_snapshot,
+)
+
+__all__ = [
+    "HEARTBEAT_PREFIX",
+    "PINNED_SETTINGS",
+    "DrainLock",
+    "ExportedSnapshot",
+    "PeekedRow",
+    "ServerSettings",
+    "SlotReader",
+    "SlotState",
+    "SnapshotReader",
+    "apply_pinned_settings",
+    "check_source",
+    "column_ndims",
+    "connect",
+    "create_slot_command",
+    "create_slot_with_snapshot",
+    "describe_table",
+    "drain_lock_key",
+    "drop_slot",
+    "emit_heartbeat",
+    "ensure_publication",
+    "load_type_catalog",
+    "max_proto_version",
+    "pgoutput_options",
+    "publication_exists",
+    "published_tables",
+    "read_server_settings",
+    "read_slot",
+    "require_replication_role",
+    "require_server_settings",
+    "require_tables",
+    "require_usable_slot",
+    "server_major",
+]

@@ -1,0 +1,77 @@
+"""Connections to the source database: naming, error hygiene and the pinned text-output settings.
+
+Connection failures never show the DSN or its password: libpq's message is kept (host, port,
+database, user are useful) with every password-like fragment removed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
+
+from cdc_assets.config import SourceConfig
+from cdc_assets.errors import SourceError
+
+PINNED_SETTINGS: dict[str, str] = {
+    "TimeZone": "UTC",
+    "DateStyle": "ISO",
+    "IntervalStyle": "postgres",
+    "extra_float_digits": "3",
+    "bytea_output": "hex",
+    "client_encoding": "UTF8",
+}
+"""Settings under which value text is deterministic (invariant 5); applied with ``SET LOCAL``."""
+
+_PASSWORD_OPTION = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+_URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_REDACTED = "***"
+
+
+def connect(
+    source: SourceConfig, *, purpose: str, autocommit: bool = True, replication: bool = False
+) -> psycopg.Connection[Any]:
+    """Connect as ``application_name=cdc-assets:<purpose>``; ``replication`` opens a walsender
+    connection (``replication=database``) for replication commands."""
+    try:
+        password = conninfo_to_dict(source.dsn).get("password")
+    except psycopg.Error:
+        # libpq's parse errors quote fragments of the string, which may be the password.
+        raise SourceError(
+            "source.dsn is not a valid libpq connection string or URI (not shown: it may hold a password)"
+        ) from None
+    extra = {"application_name": f"cdc-assets:{purpose}"}
+    if replication:
+        extra["replication"] = "database"
+    try:
+        return psycopg.connect(make_conninfo(source.dsn, **extra), autocommit=autocommit)
+    except psycopg.Error as error:
+        reason = redact(" ".join(str(error).split()), [str(password)] if password else [])
+        raise SourceError(f"cannot connect to the source database ({purpose}): {reason}") from None
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` without the given secrets, ``password=…`` values or URI passwords."""
+    for secret in secrets:
+        text = text.replace(secret, _REDACTED)
+    text = _PASSWORD_OPTION.sub(rf"\g<1>{_REDACTED}", text)
+    return _URI_PASSWORD.sub(rf"\g<1>{_REDACTED}@", text)
+
+
+def apply_pinned_settings(conn: psycopg.Connection[Any]) -> None:
+    """``SET LOCAL`` every :data:`PINNED_SETTINGS` in the connection's current transaction."""
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        raise ValueError("pinned settings are SET LOCAL: open a transaction first")
+    conn.execute(
+        "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
+        (list(PINNED_SETTINGS), list(PINNED_SETTINGS.values())),
+    )
+
+
+def server_major(conn: psycopg.Connection[Any]) -> int:
+    """The server's major version (14, 15, 16, …)."""
+    return conn.info.server_version // 10000

@@ -1,0 +1,98 @@
+"""The drain lock: a session advisory lock on the source, keyed by the slot name.
+
+It lives on the source because the change log may be on object storage, where no lock exists.
+The lock is held by a dedicated connection for the whole drain and released when it closes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from psycopg import errors
+
+from cdc_assets.config import SourceConfig
+from cdc_assets.errors import DrainLockedError
+from cdc_assets.source.connection import connect
+
+log = logging.getLogger(__name__)
+
+_HOLDER = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND classid = %s::int8::oid AND objid = %s::int8::oid AND pid <> pg_backend_pid()"
+)
+
+
+def drain_lock_key(slot: str) -> int:
+    """A stable signed 64-bit key for ``pg_advisory_lock``: BLAKE2b of ``cdc_assets:<slot>``."""
+    digest = hashlib.blake2b(f"cdc_assets:{slot}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class DrainLock:
+    """``with DrainLock(source, wait=False):`` — exclusive right to drain ``source.slot``.
+
+    Busy and not waiting: :class:`DrainLockedError` naming the holder's pid. Waiting: blocks in
+    ``pg_advisory_lock`` ``poll_seconds`` at a time (``lock_timeout``), logging the holder between
+    attempts, so it is granted as soon as the holder lets go.
+    """
+
+    def __init__(self, source: SourceConfig, wait: bool, *, poll_seconds: float = 5.0) -> None:
+        self.source = source
+        self.wait = wait
+        self.poll_seconds = poll_seconds
+        self.key = drain_lock_key(source.slot)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> DrainLock:
+        conn = connect(self.source, purpose="drain-lock")
+        try:
+            self._acquire(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._conn is not None:
+            self._conn.close()  # ends the session, which releases its advisory locks
+            self._conn = None
+
+    @property
+    def pid(self) -> int:
+        """The backend pid of the session holding the lock (what a second drain reports)."""
+        if self._conn is None:
+            raise RuntimeError("the drain lock is not held")
+        return self._conn.info.backend_pid
+
+    def holder_pid(self, conn: psycopg.Connection[Any]) -> int | None:
+        """The pid of the session holding the lock, seen from ``conn`` (None if free)."""
+        unsigned = self.key & 0xFFFF_FFFF_FFFF_FFFF
+        row = conn.execute(_HOLDER, (unsigned >> 32, unsigned & 0xFFFF_FFFF)).fetchone()
+        return None if row is None else row[0]
+
+    def _acquire(self, conn: psycopg.Connection[Any]) -> None:
+        if conn.execute("SELECT pg_try_advisory_lock(%s::int8)", (self.key,)).fetchone()[0]:
+            return
+        if not self.wait:
+            pid = self.holder_pid(conn)
+            holder = f"pid {pid}" if pid is not None else "a process that has just let go"
+            raise DrainLockedError(
+                f"slot {self.source.slot} is being drained by another process ({holder}): wait for it to "
+                "finish, or run with --wait"
+            )
+        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(self.poll_seconds * 1000))}ms",))
+        while True:
+            log.info("waiting for the drain lock of slot %s, held by pid %s", self.source.slot, self.holder_pid(conn))
+            try:
+                conn.execute("SELECT pg_advisory_lock(%s::int8)", (self.key,))
+                return
+            except errors.LockNotAvailable:
+                continue

@@ -1,0 +1,165 @@
+"""Slot creation with an exported snapshot, and the initial copy of tables as of that snapshot.
+
+``CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')`` on a walsender connection returns the slot's
+consistent point and the name of a snapshot that sees exactly the transactions committed before
+it: the copy plus every change the slot decodes afterwards is each row exactly once. The SQL
+function ``pg_create_logical_replication_slot`` exports no snapshot, and a REPEATABLE READ
+transaction opened around it sees a different moment, so it cannot replace this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, cast
+
+import psycopg
+import pyarrow as pa
+from psycopg import errors, sql
+from psycopg.types.string import ByteaBinaryLoader
+
+from cdc_assets.config import SourceConfig, TableName, quote_identifier
+from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError
+from cdc_assets.lsn import parse_lsn
+from cdc_assets.source.catalog import describe_table
+from cdc_assets.source.connection import apply_pinned_settings, connect, server_major
+from cdc_assets.pgoutput.schema import RelationSchema
+
+CSTRING_OID = 2275  # what output functions return; its binary form is the text itself
+CHUNK_ROWS = 50_000
+
+
+@dataclass(slots=True, frozen=True)
+class ExportedSnapshot:
+    """A new slot and the snapshot it exported: ``snapshot_name`` sees exactly the transactions
+    whose commit record precedes ``consistent_point``, where the slot starts decoding."""
+
+    slot: str
+    consistent_point: int
+    snapshot_name: str
+    two_phase: bool
+
+
+def create_slot_command(slot: str, major: int, two_phase: bool) -> str:
+    """The replication command creating ``slot`` with an exported snapshot on a server version."""
+    if major >= 15:
+        options = "SNAPSHOT 'export', TWO_PHASE true" if two_phase else "SNAPSHOT 'export'"
+        return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} LOGICAL pgoutput ({options})"
+    if two_phase:
+        raise ConfigError(f"source.two_phase: two-phase decoding needs PostgreSQL 15 or later (the server is {major})")
+    return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
+
+
+@contextmanager
+def create_slot_with_snapshot(config: SourceConfig) -> Iterator[ExportedSnapshot]:
+    """Create the slot; the exported snapshot stays importable while the context is open.
+
+    Creating a logical slot waits until every transaction running at that moment has finished
+    (a long-running or idle-in-transaction session blocks it). The walsender connection stays
+    open and idle inside the context: any further command on it would end the snapshot.
+    """
+    with connect(config, purpose="create-slot", replication=True) as conn:
+        command = create_slot_command(config.slot, server_major(conn), config.two_phase)
+        try:
+            _, consistent_point, snapshot_name, _ = conn.execute(command).fetchone()
+        except errors.InsufficientPrivilege as error:
+            raise SourcePermissionError(
+                f"cannot create replication slot {config.slot}: {error.diag.message_primary}; the source role "
+                "needs the REPLICATION attribute or superuser"
+            ) from None
+        except errors.DuplicateObject:
+            raise SourceError(
+                f"replication slot {config.slot} already exists: setup creates it only when missing; to start "
+                f"over with a new snapshot, drop it first (SELECT pg_drop_replication_slot('{config.slot}'))"
+            ) from None
+        except psycopg.Error as error:
+            raise SourceError(
+                f"cannot create replication slot {config.slot}: {error.diag.message_primary or error}"
+            ) from None
+        yield ExportedSnapshot(config.slot, parse_lsn(consistent_point), snapshot_name, config.two_phase)
+
+
+class SnapshotReader:
+    """Reads tables as of an exported snapshot, in one REPEATABLE READ, READ ONLY transaction
+    with the pinned settings, as per-column text in bounded memory.
+
+    ``with SnapshotReader(source, snapshot.snapshot_name) as reader: …`` — import it while the
+    :func:`create_slot_with_snapshot` context is still open.
+    """
+
+    def __init__(self, source: SourceConfig, snapshot_name: str, *, chunk_rows: int = CHUNK_ROWS) -> None:
+        self._source = source
+        self._snapshot_name = snapshot_name
+        self._chunk_rows = chunk_rows
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> SnapshotReader:
+        conn = connect(self._source, purpose="snapshot", autocommit=False)
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        try:
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(self._snapshot_name)))
+            apply_pinned_settings(conn)
+        except psycopg.Error as error:
+            conn.close()
+            raise SourceError(
+                f"cannot import snapshot {self._snapshot_name} of replication slot {self._source.slot}: "
+                f"{error.diag.message_primary or error} (the connection that created the slot must stay open "
+                "until the snapshot is imported)"
+            ) from None
+        self._conn = conn
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._conn is not None:
+            self._conn.close()  # read only: nothing to commit
+            self._conn = None
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            raise RuntimeError("SnapshotReader is not open (use it as a context manager)")
+        return self._conn
+
+    def describe(self, table: TableName) -> RelationSchema:
+        """The table's published columns as of the snapshot."""
+        return describe_table(self.connection, table, self._source.publication)
+
+    def chunks(self, relation: RelationSchema) -> Iterator[list[pa.BinaryArray]]:
+        """The table's rows as of the snapshot, ``chunk_rows`` at a time, one ``BinaryArray`` per
+        published column holding the text of each value (null for NULL).
+
+        Each value goes through its type's output function, exactly as pgoutput's text mode sends
+        it; a ``::text`` cast would differ (``true::text`` is ``true``, pgoutput sends ``t``; bpchar
+        casts drop padding; inet casts add ``/32``). Consume the iterator fully: stopping early
+        cancels the query and ends the transaction.
+        """
+        conn = self.connection
+        outputs = dict(
+            conn.execute(
+                "SELECT oid::int8, typoutput::regproc::text FROM pg_type WHERE oid = ANY(%s::int8[]::oid[])",
+                ([c.type_oid for c in relation.columns],),
+            ).fetchall()
+        )
+        select = ", ".join(f"{outputs[c.type_oid]}({quote_identifier(c.name)})" for c in relation.columns)
+        cursor = conn.cursor(binary=True)
+        cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
+        rows: list[tuple[bytes | None, ...]] = []
+        query = f"SELECT {select} FROM {relation.table.sql}"
+        stream = cast("Generator[tuple[bytes | None, ...], None, None]", cursor.stream(query, size=self._chunk_rows))
+        with closing(stream):  # stopping early cancels the query
+            for row in stream:
+                rows.append(row)
+                if len(rows) == self._chunk_rows:
+                    yield _columns(rows)
+                    rows = []
+        if rows:
+            yield _columns(rows)
+
+
+def _columns(rows: list[tuple[bytes | None, ...]]) -> list[pa.BinaryArray]:
+    return [pa.array(values, pa.binary()) for values in zip(*rows)]

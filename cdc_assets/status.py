@@ -1,0 +1,104 @@
+"""``cdc-assets status``: where the slot, the change log and each table are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.config import Config
+from cdc_assets.errors import SourceError
+from cdc_assets.lsn import format_lsn
+from cdc_assets.source import SlotState, connect, read_slot
+
+
+@dataclass(slots=True)
+class TableStatus:
+    name: str
+    last_change_lsn: int | None
+    schema_version: int | None
+
+
+@dataclass(slots=True)
+class Status:
+    """A snapshot of the pipeline's positions; ``source_error`` when the source is unreachable."""
+
+    slot_name: str
+    slot: SlotState | None
+    checkpoint_lsn: int | None
+    snapshot_lsn: int | None
+    tables: list[TableStatus] = field(default_factory=list)
+    source_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        slot = self.slot
+        return {
+            "slot": {
+                "name": self.slot_name,
+                "exists": slot is not None,
+                "confirmed_flush_lsn": _lsn(slot.confirmed_flush_lsn) if slot else None,
+                "restart_lsn": _lsn(slot.restart_lsn) if slot else None,
+                "current_wal_lsn": _lsn(slot.current_wal_lsn) if slot else None,
+                "lag_bytes": slot.lag_bytes if slot else None,
+                "wal_status": slot.wal_status if slot else None,
+                "safe_wal_size": slot.safe_wal_size if slot else None,
+                "two_phase": slot.two_phase if slot else None,
+                "active_pid": slot.active_pid if slot else None,
+            },
+            "source_error": self.source_error,
+            "checkpoint_lsn": _lsn(self.checkpoint_lsn),
+            "snapshot_lsn": _lsn(self.snapshot_lsn),
+            "tables": {
+                t.name: {"last_change_lsn": _lsn(t.last_change_lsn), "schema_version": t.schema_version}
+                for t in self.tables
+            },
+        }
+
+    def lines(self) -> list[str]:
+        slot = self.slot
+        out = []
+        if self.source_error:
+            out.append(f"source: unreachable ({self.source_error})")
+        elif slot is None:
+            out.append(f"slot {self.slot_name}: does not exist (run `cdc-assets setup`)")
+        else:
+            out.append(
+                f"slot {slot.name}: confirmed {_lsn(slot.confirmed_flush_lsn)}, server at {_lsn(slot.current_wal_lsn)},"
+                f" lag {slot.lag_bytes or 0:,} bytes, WAL status {slot.wal_status}"
+                + (f", safe WAL size {slot.safe_wal_size:,} bytes" if slot.safe_wal_size is not None else "")
+            )
+        if self.checkpoint_lsn is None:
+            out.append("change log: not set up")
+        else:
+            out.append(f"change log: checkpoint {_lsn(self.checkpoint_lsn)} (snapshot at {_lsn(self.snapshot_lsn)})")
+        for table in self.tables:
+            out.append(
+                f"  {table.name}: last change {_lsn(table.last_change_lsn)}, schema version {table.schema_version}"
+            )
+        return out
+
+
+def read_status(config: Config) -> Status:
+    checkpoint = read_checkpoint(LogStore(config.changelog_path))
+    status = Status(
+        slot_name=config.source.slot,
+        slot=None,
+        checkpoint_lsn=checkpoint.lsn if checkpoint else None,
+        snapshot_lsn=checkpoint.snapshot_lsn if checkpoint else None,
+    )
+    try:
+        with connect(config.source, purpose="status") as conn:
+            status.slot = read_slot(conn, config.source.slot)
+    except SourceError as error:
+        status.source_error = str(error)
+    for table in config.tables:
+        state = checkpoint.tables.get(str(table.name)) if checkpoint else None
+        status.tables.append(
+            TableStatus(str(table.name), state.last_change_lsn if state else None, state.schema_version if state else None)
+        )
+    return status
+
+
+def _lsn(value: int | None) -> str | None:
+    return None if value is None else format_lsn(value)

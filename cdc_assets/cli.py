@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     command("setup", "create the publication and slot if missing; copy the initial snapshot", _setup)
     drain = command("drain", "drain the slot into the change log until caught up", _drain)
     drain.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
+    apply = command("apply", "merge the change log into the Delta tables", _apply)
+    apply.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
+    sync = command("sync", "drain, then apply", _sync)
+    sync.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     status = command("status", "slot position and lag, checkpoint, applied LSN per table", _status)
     status.add_argument("--json", action="store_true", help="print JSON")
     return parser
@@ -104,10 +108,10 @@ def _setup(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drain(args: argparse.Namespace) -> int:
+def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
     from cdc_assets.drain import DrainProgress, drain
 
-    config = _config(args)
+    config = config or _config(args)
     progress = Progress()
 
     def show(p: DrainProgress) -> None:
@@ -128,6 +132,29 @@ def _drain(args: argparse.Namespace) -> int:
     if result.slot is not None and result.slot.lag_bytes is not None:
         print(f"slot {result.slot.name}: lag {result.slot.lag_bytes:,} bytes, WAL status {result.slot.wal_status}")
     return 0
+
+
+def _apply(args: argparse.Namespace, config: Config | None = None) -> int:
+    from cdc_assets.apply.runner import TableApplied, apply_tables
+    from cdc_assets.apply.session import quiet_start, spark_session
+
+    config = config or _config(args)
+    print(f"starting Spark ({config.spark.remote or config.spark.master})", file=sys.stderr)
+    with quiet_start():
+        spark = spark_session(config.spark)
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def show(result: TableApplied) -> None:
+        print(result.summary())
+
+    apply_tables(config, spark, getattr(args, "table", None), progress=show)
+    return 0
+
+
+def _sync(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _drain(args, config)
+    return _apply(args, config)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -110,6 +110,8 @@ class Config:
     warehouse_path: str
     tables: tuple[TableConfig, ...]
     spark: SparkConfig = field(default_factory=SparkConfig)
+    warehouse_table_properties: dict[str, str] = field(default_factory=dict)
+    warehouse_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     path: Path | None = None
 
@@ -172,6 +174,8 @@ def parse_config(text: str, *, origin: Path, environ: Any) -> Config:
         ),
         changelog_path=_location(changelog.text("path"), base),
         warehouse_path=_location(warehouse.text("path"), base),
+        warehouse_table_properties=warehouse.settings("table_properties"),
+        warehouse_storage_options=warehouse.settings("storage_options"),
         tables=reader.tables(base),
         spark=reader.spark(),
         schedule=reader.schedule(),
@@ -258,6 +262,13 @@ class _Reader:
             raise self.fail(key, f"expected a positive integer, got {value!r}")
         return value
 
+    def settings(self, key: str) -> dict[str, str]:
+        """An optional mapping of names to scalar values, as strings (booleans lower-case)."""
+        value = self.get(key, {})
+        if not isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in value.values()):
+            raise self.fail(key, "expected a mapping of names to values")
+        return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
+
     def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
         value = self.get(key, default)
         if value is False and "off" in choices:  # YAML reads a bare `off` as false
@@ -305,13 +316,10 @@ class _Reader:
         master = spark.get("master", None if remote else "local[2]")
         if remote is not None and master is not None:
             raise spark.fail("remote", "set either spark.master or spark.remote, not both")
-        conf = spark.get("conf", {})
-        if not isinstance(conf, dict):
-            raise spark.fail("conf", "expected a mapping of Spark settings")
         result = SparkConfig(
             master=str(master) if master is not None else None,
             remote=str(remote) if remote is not None else None,
-            conf={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in conf.items()},
+            conf=spark.settings("conf"),
         )
         spark.done()
         return result

@@ -113,7 +113,7 @@ def drain(
         assembler = TransactionAssembler(
             streaming=source.streaming,
             catalog=catalog,
-            describe=_describer(catalog_conn, catalog),
+            describe=_describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}),
             slot=source.slot,
             spill_dir=spill_dir,
         )
@@ -176,9 +176,15 @@ def _flush_lsn(conn: psycopg.Connection[Any]) -> int:
     return int(lsn)
 
 
-def _describer(conn: psycopg.Connection[Any], catalog: TypeCatalog) -> Callable[[RelationMessage], RelationSchema]:
+def _describer(
+    conn: psycopg.Connection[Any], catalog: TypeCatalog, known: dict[str, RelationSchema]
+) -> Callable[[RelationMessage], RelationSchema]:
     """Relation messages → schemas with array dimensions, loading user types into ``catalog``.
 
+    pgoutput does not send array dimensions, and the catalog only knows today's columns: a column
+    dropped since the change was made has none there. So a column the relation's last known schema
+    version (``known``: the checkpoint's, then each one described here) has with the same name, type
+    and typmod keeps its dimensions; only new or changed columns are looked up in the catalog.
     Look-ups are cached: the server re-sends every Relation message in every call.
     """
     cache: dict[tuple[object, ...], RelationSchema] = {}
@@ -195,7 +201,15 @@ def _describer(conn: psycopg.Connection[Any], catalog: TypeCatalog) -> Callable[
             if missing:
                 for info in load_type_catalog(conn, missing):
                     catalog.add(info)
-            schema = cache[key] = RelationSchema.from_message(message, column_ndims(conn, message.relation_oid))
+            ndims = column_ndims(conn, message.relation_oid)
+            schema = RelationSchema.from_message(message, ndims)
+            previous = known.get(schema.qualified_name)
+            if previous is not None and previous.relation_oid == schema.relation_oid:
+                before = {(c.name, c.type_oid, c.type_modifier): c.ndims for c in previous.columns}
+                for c in schema.columns:
+                    ndims[c.name] = before.get((c.name, c.type_oid, c.type_modifier), ndims.get(c.name, 0))
+                schema = RelationSchema.from_message(message, ndims)
+            cache[key] = known[schema.qualified_name] = schema
         return schema
 
     return describe

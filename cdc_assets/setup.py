@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -127,8 +128,9 @@ def _copy_snapshot(
                     copied += count
                     if progress is not None:
                         progress(str(table.name), copied)
-                if copied == 0:
-                    writer.declare(relation)
+                if copied == 0:  # an empty table still gets its schema into the log
+                    empty = [pa.array([], pa.binary()) for _ in relation.columns]
+                    writer.records(relation, with_commit_columns(builder.snapshot(empty, np.arange(0)), info))
                 result.rows[str(table.name)] = copied
     except BaseException:
         writer.abandon()

@@ -123,3 +123,26 @@ def pg_any(request: pytest.FixtureRequest, clusters: ClusterPool) -> Iterator[Da
     db = _create_database(clusters.get(request.param))
     yield db
     _drop_database(db)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One Spark session (local, with Delta) for the whole test run."""
+    from cdc_assets.apply.session import spark_session
+    from cdc_assets.config import SparkConfig
+
+    session = spark_session(
+        SparkConfig(
+            master="local[2]",
+            conf={
+                "spark.ui.enabled": "false",
+                "spark.sql.shuffle.partitions": "4",
+                "spark.default.parallelism": "2",
+                "spark.driver.memory": "2g",
+            },
+        ),
+        app_name="cdc-assets-tests",
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
+from cdc_assets.changelog.encoding import from_storage
 from cdc_assets.changelog.layout import (
     MESSAGES,
     PREPARED,
@@ -80,7 +81,7 @@ class ChangeLogReader:
                 continue
             parquet = pq.ParquetFile(self.store.path(segment.path), filesystem=self.store.fs)
             metadata = json.loads(parquet.schema_arrow.metadata[RELATION_KEY])
-            records = parquet.read()
+            records = from_storage(parquet.read())
             end = records.column("_cdc_end_lsn")
             keep = pc.and_(pc.greater(end, after), pc.less_equal(end, limit))
             records = records.filter(keep).replace_schema_metadata(None)

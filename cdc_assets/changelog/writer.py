@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_assets.changelog.checkpoint import Checkpoint, PreparedEntry, TableState
+from cdc_assets.changelog.encoding import from_storage, storage_schema, to_storage
 from cdc_assets.changelog.layout import MESSAGES, TRANSACTIONS, SegmentName, prepared_folder, table_folder
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
@@ -97,6 +98,8 @@ class BatchWriter:
     def records(self, relation: RelationSchema, records: pa.RecordBatch) -> None:
         table = relation.qualified_name
         segment = self._segment(table, relation, records.schema)
+        if not records.num_rows:
+            return  # the segment exists now, with the table's schema (an empty table's snapshot)
         segment.buffered.append(records)
         segment.buffered_rows += records.num_rows
         if segment.buffered_rows >= ROW_GROUP_ROWS:
@@ -138,7 +141,7 @@ class BatchWriter:
         info.origin, info.origin_lsn = entry.origin, entry.origin_lsn
         changes = 0
         for name in self.store.list(entry.folder):
-            table = pq.read_table(self.store.path(name), filesystem=self.store.fs)
+            table = from_storage(pq.read_table(self.store.path(name), filesystem=self.store.fs))
             if name.endswith("/messages.parquet"):
                 for row in table.to_pylist():
                     message = LogicalDecodingMessage(None, 1, row["lsn"], row["prefix"], row["content"])
@@ -153,12 +156,6 @@ class BatchWriter:
 
     def rollback_prepared(self, gid: str, end_lsn: int) -> None:
         self._take_prepared(gid, end_lsn)
-
-    def declare(self, relation: RelationSchema) -> None:
-        """Record a table that has no change in this batch (an empty table in the snapshot)."""
-        table = relation.qualified_name
-        if table not in self._tables:
-            self._tables[table] = TableState(0, 1, relation)
 
     # -- closing --------------------------------------------------------------------------------
 
@@ -224,12 +221,12 @@ class BatchWriter:
 
     def _open(self, name: str, schema: pa.Schema) -> pq.ParquetWriter:
         self.store.fs.create_dir(self.store.path(name).rsplit("/", 1)[0], recursive=True)
-        return pq.ParquetWriter(self.store.path(name), schema, filesystem=self.store.fs, compression="zstd")
+        return pq.ParquetWriter(self.store.path(name), storage_schema(schema), filesystem=self.store.fs, compression="zstd")
 
     def _write_row_group(self, segment: _TableSegment) -> None:
         if not segment.buffered:
             return
-        table = pa.Table.from_batches(segment.buffered)
+        table = to_storage(pa.Table.from_batches(segment.buffered))
         try:
             segment.writer.write_table(table, row_group_size=len(table))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
@@ -240,6 +237,7 @@ class BatchWriter:
     def _write_file(self, name: str, table: pa.Table, relation: RelationSchema | None, version: int | None) -> None:
         if relation is not None:
             table = table.replace_schema_metadata(_metadata(relation, version))
+        table = to_storage(table)
         with self.store.create(name) as sink:
             pq.write_table(table, sink, compression="zstd")
         self.summary.files.append(name)

@@ -1,0 +1,174 @@
+"""Shared pieces of the benchmarks: the throwaway server, pgbench, timing statistics, machine facts.
+
+Not part of the library. Each benchmark script puts its own folder on ``sys.path`` (Python does
+that for a script), so ``import _common`` works from ``python benchmarks/<name>.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from cdc_assets.pgcluster import ThrowawayCluster
+
+# PostgreSQL's own default: the throwaway cluster's 64kB (which tests use to force spilling)
+# would make the server spill or stream almost every pgbench transaction.
+BENCH_SETTINGS = {"logical_decoding_work_mem": "64MB", "max_wal_size": "4GB", "checkpoint_timeout": "30min"}
+
+MiB = 1 << 20
+
+
+def start_cluster(major: int, **settings: str) -> ThrowawayCluster:
+    cluster = ThrowawayCluster(major, settings={**BENCH_SETTINGS, **settings})
+    cluster.start()
+    return cluster
+
+
+def pgbench(cluster: ThrowawayCluster, *args: str) -> float:
+    """Run pgbench against the cluster (as ``postgres`` when we are root); return its wall time."""
+    assert cluster.bin_dir is not None
+    command = [
+        str(cluster.bin_dir / "pgbench"), *args,
+        "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "postgres",
+    ]
+    if os.geteuid() == 0:
+        command = ["runuser", "-u", "postgres", "--", *command]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd="/", check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"pgbench {' '.join(args)} failed ({done.returncode}):\n{done.stderr}\n{done.stdout}")
+    return elapsed
+
+
+@dataclass(slots=True)
+class Series:
+    """Repeated timings of one measurement over the same amount of work."""
+
+    name: str
+    items: int  # messages or changes per repetition
+    nbytes: int  # payload bytes per repetition
+    seconds: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float) -> None:
+        self.seconds.append(seconds)
+
+    @property
+    def best(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def rate(self, which: str = "median") -> float:
+        return self.items / getattr(self, which)
+
+    def mb_rate(self, which: str = "median") -> float:
+        return self.nbytes / MiB / getattr(self, which)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "items": self.items,
+            "bytes": self.nbytes,
+            "seconds": self.seconds,
+            "best_s": self.best,
+            "median_s": self.median,
+            "rate_best": self.rate("best"),
+            "rate_median": self.rate("median"),
+            "mib_per_s_best": self.mb_rate("best"),
+            "mib_per_s_median": self.mb_rate("median"),
+        }
+
+
+def timed(function: Callable[[], object]) -> tuple[float, object]:
+    started = time.perf_counter()
+    result = function()
+    return time.perf_counter() - started, result
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, RAM, Python and library versions (for the report)."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import numpy
+    import psycopg
+    import pyarrow
+
+    return {
+        "cpu_model": model,
+        "logical_cpus": os.cpu_count(),
+        "ram_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
+        "python": platform.python_version(),
+        "psycopg": f"{psycopg.__version__} ({psycopg.pq.__impl__})",
+        "pyarrow": pyarrow.__version__,
+        "numpy": numpy.__version__,
+        "kernel": platform.release(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def load_snapshot(interval: float = 1.0) -> dict[str, Any]:
+    """The load average and the processes outside this one's tree that used CPU over ``interval``."""
+    me = psutil.Process()
+    ours = {me.pid, *(p.pid for p in me.children(recursive=True))}
+    procs = []
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        try:
+            proc.cpu_percent(None)
+            procs.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    time.sleep(interval)
+    busy = []
+    for proc in procs:
+        try:
+            cpu = proc.cpu_percent(None)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if cpu >= 5 and proc.pid not in ours:
+            cmd = " ".join(proc.info.get("cmdline") or [proc.info.get("name") or "?"])
+            busy.append({"pid": proc.pid, "cpu_percent": round(cpu), "command": cmd[:90]})
+    busy.sort(key=lambda item: -item["cpu_percent"])
+    return {"loadavg": [round(x, 2) for x in os.getloadavg()], "other_busy_processes": busy}
+
+
+def describe_load(snapshot: dict[str, Any]) -> str:
+    busy = snapshot["other_busy_processes"]
+    others = "; ".join(f"{b['cpu_percent']}% {b['command']}" for b in busy) or "none"
+    return f"load average {snapshot['loadavg']}; other processes using CPU: {others}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table (also readable on a terminal)."""
+    cells = [[str(c) for c in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in cells[1:]:
+        lines.append("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        print(f"\nwrote {path}")

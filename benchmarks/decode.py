@@ -1,0 +1,326 @@
+"""Decode benchmark (issue 2): fetch, decode and Arrow conversion rates of a pgbench slot.
+
+    python benchmarks/decode.py [--pg 16] [--transactions 90000] [--repeat 5] [--binary] [--json out.json]
+
+Starts a throwaway PostgreSQL server, runs ``pgbench -i`` then ``pgbench -n -c 2`` with a slot on
+the pgbench tables, peeks the slot once (highest protocol version, text mode unless ``--binary``)
+into memory and measures, in one run, round-robin ``--repeat`` times:
+
+  a. fetch   -- ``SlotReader.peek`` (the drain's query and cursor) streamed to the end, no work per row;
+  b. decode  -- ``PgoutputDecoder.decode`` on every captured message;
+  c. arrow   -- ``TransactionAssembler.feed_rows`` over the captured rows with a sink that drops the
+               record batches (every change converted to typed Arrow arrays);
+  d. pypgoutput -- pypgoutput 0.0.3's message classes, dispatched by first byte, on the same bytes.
+
+Requirements: b/d >= 3 and c/a >= 0.8 (messages/s, medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import gc
+import io
+import pstats
+import sys
+from typing import Any
+
+import _common as common
+import psycopg
+import pypgoutput
+import pypgoutput.decoders as pgo
+
+from cdc_assets.config import SourceConfig
+from cdc_assets.pgoutput.decoder import PgoutputDecoder, message_name
+from cdc_assets.source.reader import SlotReader, max_proto_version
+from cdc_assets.transactions import TransactionAssembler
+
+SLOT = "bench_slot"
+PUBLICATION = "bench_pub"
+NO_LIMIT = 2**31 - 1  # upto_nchanges is int4; the drain always passes a number
+
+PYPGOUTPUT_CLASSES = {
+    ord("B"): pgo.Begin,
+    ord("C"): pgo.Commit,
+    ord("R"): pgo.Relation,
+    ord("I"): pgo.Insert,
+    ord("U"): pgo.Update,
+    ord("D"): pgo.Delete,
+    ord("T"): pgo.Truncate,
+}
+
+
+class NullSink:
+    """A ChangeSink that drops everything but counts it."""
+
+    def __init__(self) -> None:
+        self.records_rows = 0
+        self.batches = 0
+        self.transactions = 0
+
+    def records(self, relation: Any, records: Any) -> None:
+        self.records_rows += records.num_rows
+        self.batches += 1
+
+    def transaction(self, info: Any, changes: int, messages: Any) -> None:
+        self.transactions += 1
+
+    def standalone_message(self, lsn: int, message: Any) -> None:
+        pass
+
+    def prepared(self, transaction: Any) -> None:
+        pass
+
+    def commit_prepared(self, gid: str, info: Any) -> None:
+        pass
+
+    def rollback_prepared(self, gid: str, end_lsn: int) -> None:
+        pass
+
+
+# -- the four measurements --------------------------------------------------------------------
+
+
+def run_fetch(reader: SlotReader) -> int:
+    """(a) The drain's peek, streamed to the end with nothing done per row."""
+    with reader.peek(NO_LIMIT) as rows:
+        collections.deque(rows, maxlen=0)
+    return 0
+
+
+def run_server_only(conn: psycopg.Connection[Any], options: tuple[str, ...]) -> int:
+    """(informative) The same peek aggregated on the server: its decoding alone, nothing sent."""
+    return conn.execute(
+        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s::name, NULL, NULL, VARIADIC %s::text[])",
+        (SLOT, list(options)),
+    ).fetchone()[0]
+
+
+def run_decode(datas: list[bytes]) -> int:
+    """(b) Our decoder, one message at a time."""
+    decode = PgoutputDecoder("off").decode
+    for data in datas:
+        decode(data)
+    return len(datas)
+
+
+def run_assemble(rows: list[tuple[int, bytes]]) -> NullSink:
+    """(c) Decode + assemble + Arrow: the drain's path from peeked rows to record batches."""
+    sink = NullSink()
+    assembler = TransactionAssembler(streaming="off")
+    assembler.start_call(sink, 0)  # type: ignore[arg-type]
+    assembler.feed_rows(rows)
+    assembler.finish_call()
+    return sink
+
+
+def run_pypgoutput(datas: list[bytes]) -> int:
+    """(d) pypgoutput 0.0.3's classes on the same bytes."""
+    classes = PYPGOUTPUT_CLASSES
+    for data in datas:
+        classes[data[0]](data)
+    return len(datas)
+
+
+# -- setup ------------------------------------------------------------------------------------
+
+
+def prepare(args: argparse.Namespace) -> tuple[common.ThrowawayCluster, dict[str, Any]]:
+    cluster = common.start_cluster(args.pg)
+    info: dict[str, Any] = {"server_version": None}
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        info["server_version"] = conn.execute("SHOW server_version").fetchone()[0]
+        print(f"PostgreSQL {info['server_version']} at port {cluster.port}; pgbench -i -s {args.scale}", flush=True)
+        common.pgbench(cluster, "-i", "-q", "-s", str(args.scale))
+        conn.execute(
+            f"CREATE PUBLICATION {PUBLICATION} FOR TABLE pgbench_accounts, pgbench_branches, pgbench_tellers,"
+            " pgbench_history"
+        )
+        conn.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (SLOT,))
+        per_client = -(-args.transactions // args.clients)
+        print(f"pgbench -n -t {per_client} -c {args.clients} ...", flush=True)
+        seconds = common.pgbench(cluster, "-n", "-t", str(per_client), "-c", str(args.clients))
+        info["pgbench_command"] = f"pgbench -n -t {per_client} -c {args.clients}"
+        info["pgbench_transactions"] = per_client * args.clients
+        info["pgbench_seconds"] = round(seconds, 1)
+        info["pgbench_tps"] = round(per_client * args.clients / seconds)
+        conn.execute("CHECKPOINT")
+    return cluster, info
+
+
+def capture_proto1(cluster: common.ThrowawayCluster) -> list[bytes]:
+    """The same slot range with protocol 1 (what pypgoutput was written for), text mode."""
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        cursor = conn.cursor(binary=True)
+        query = (
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s::name, NULL, NULL,"
+            " 'proto_version', '1', 'publication_names', %s)"
+        )
+        return [bytes(d) for (d,) in cursor.stream(query, (SLOT, PUBLICATION), size=10_000)]
+
+
+def profile(label: str, function: Any, *args: Any) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    function(*args)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(18)
+    text = out.getvalue()
+    # strip the preamble lines pstats prints before the table
+    return f"### cProfile: {label} (sorted by tottime)\n" + text[text.find("   ncalls") :]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg", type=int, default=16, choices=(15, 16, 18), help="PostgreSQL major version")
+    parser.add_argument("--transactions", type=int, default=90_000, help="pgbench transactions in total (6 messages each)")
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions of each measurement (>= 3)")
+    parser.add_argument("--binary", action="store_true", help="peek with binary 'true' (a, b, c)")
+    parser.add_argument("--profile", action="store_true", help="print cProfile top entries of b, c and d")
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args()
+    if args.repeat < 3:
+        parser.error("--repeat must be at least 3")
+
+    machine = common.machine()
+    load_before = common.load_snapshot()
+    cluster, info = prepare(args)
+    try:
+        source = SourceConfig(dsn=cluster.dsn(), publication=PUBLICATION, slot=SLOT, binary=args.binary)
+        conn = psycopg.connect(cluster.dsn(), autocommit=True)
+        reader = SlotReader(conn, source, cluster.version, two_phase=False)
+        print(f"peek options: {' '.join(reader.options)}", flush=True)
+        with reader.peek(NO_LIMIT) as rows:
+            captured = [(lsn, data) for lsn, data in rows]
+        datas = [data for _, data in captured]
+        kinds = collections.Counter(message_name(d[0]) for d in datas)
+        nbytes = sum(map(len, datas))
+        changes = sum(kinds.get(k, 0) for k in ("Insert", "Update", "Delete"))
+        print(f"captured {len(datas):,} messages, {nbytes / common.MiB:.1f} MiB: {dict(kinds)}", flush=True)
+        if len(datas) < 500_000:
+            print(f"WARNING: fewer than 500,000 messages ({len(datas):,}); raise --transactions", flush=True)
+
+        # pypgoutput: only the types it has classes for, on protocol-1 text bytes.
+        proto1 = capture_proto1(cluster)
+        identical = proto1 == datas
+        known = [d for d in (datas if identical else proto1) if d[0] in PYPGOUTPUT_CLASSES]
+        skipped = (len(datas) if identical else len(proto1)) - len(known)
+        same_set = identical and skipped == 0
+        print(
+            f"protocol-1 text capture: {len(proto1):,} messages, byte-identical to the measured capture: {identical};"
+            f" pypgoutput skips {skipped} messages of types it has no class for",
+            flush=True,
+        )
+        known_bytes = sum(map(len, known))
+
+        fetch = common.Series("a. fetch: SlotReader.peek streamed, nothing per row", len(datas), nbytes)
+        server = common.Series("(a0. server-side decode only: count(*) over the peek)", len(datas), nbytes)
+        decode = common.Series("b. cdc_assets PgoutputDecoder.decode", len(datas), nbytes)
+        arrow = common.Series("c. cdc_assets feed_rows -> typed Arrow (null sink)", len(datas), nbytes)
+        pypg = common.Series(f"d. pypgoutput {getattr(pypgoutput, '__version__', '0.0.3')} classes", len(known), known_bytes)
+        decode_known = None if same_set else common.Series("b'. PgoutputDecoder on d's messages", len(known), known_bytes)
+
+        sink_rows = None
+        for round_ in range(args.repeat):
+            gc.collect()
+            fetch.add(common.timed(lambda: run_fetch(reader))[0])
+            server.add(common.timed(lambda: run_server_only(conn, reader.options))[0])
+            gc.collect()
+            decode.add(common.timed(lambda: run_decode(datas))[0])
+            gc.collect()
+            seconds, sink = common.timed(lambda: run_assemble(captured))
+            arrow.add(seconds)
+            sink_rows = sink.records_rows  # type: ignore[attr-defined]
+            gc.collect()
+            pypg.add(common.timed(lambda: run_pypgoutput(known))[0])
+            if decode_known is not None:
+                gc.collect()
+                decode_known.add(common.timed(lambda: run_decode(known))[0])
+            print(
+                f"round {round_ + 1}: a {fetch.seconds[-1]:.3f}s (server only {server.seconds[-1]:.3f}s)  b {decode.seconds[-1]:.3f}s"
+                f"  c {arrow.seconds[-1]:.3f}s  d {pypg.seconds[-1]:.3f}s",
+                flush=True,
+            )
+        if sink_rows != changes:
+            print(f"WARNING: the sink got {sink_rows} change records for {changes} change messages", flush=True)
+        load_after = common.load_snapshot()
+
+        series = [fetch, server, decode, arrow, pypg] + ([decode_known] if decode_known else [])
+        rows = [
+            [
+                s.name, f"{s.items:,}", f"{s.best:.3f}", f"{s.median:.3f}",
+                f"{s.rate('best'):,.0f}", f"{s.rate('median'):,.0f}", f"{s.mb_rate('median'):.1f}",
+            ]
+            for s in series
+        ]
+        print()
+        mode = "binary" if args.binary else "text"
+        print(
+            f"PostgreSQL {info['server_version']}, proto_version {max_proto_version(cluster.version)}, {mode} mode,"
+            f" {len(datas):,} messages ({changes:,} changes), {nbytes / common.MiB:.1f} MiB, {args.repeat} rounds"
+        )
+        print(common.table(["measurement", "messages", "best s", "median s", "msg/s best", "msg/s median", "MiB/s median"], rows))
+        base_b = decode if same_set else decode_known
+        assert base_b is not None
+        ratio_bd = base_b.rate() / pypg.rate()
+        ratio_bd_best = base_b.rate("best") / pypg.rate("best")
+        ratio_ca = arrow.rate() / fetch.rate()
+        ratio_ca_best = arrow.rate("best") / fetch.rate("best")
+        verdicts = {
+            "b/d": {"median": ratio_bd, "best": ratio_bd_best, "required": 3.0, "pass": ratio_bd >= 3.0},
+            "c/a": {"median": ratio_ca, "best": ratio_ca_best, "required": 0.8, "pass": ratio_ca >= 0.8},
+        }
+        print()
+        for name, v in verdicts.items():
+            print(
+                f"{name} = {v['median']:.2f} (median; best-vs-best {v['best']:.2f}), required >= {v['required']}:"
+                f" {'PASS' if v['pass'] else 'FAIL'}"
+            )
+        if not same_set:
+            print("(b/d is computed on d's message set with b'.)")
+        print(f"\nbefore: {common.describe_load(load_before)}\nafter:  {common.describe_load(load_after)}")
+
+        profiles = []
+        if args.profile or not all(v["pass"] for v in verdicts.values()):
+            profiles.append(profile("c. feed_rows -> Arrow", run_assemble, captured))
+            profiles.append(profile("b. PgoutputDecoder.decode", run_decode, datas))
+            profiles.append(profile("d. pypgoutput", run_pypgoutput, known))
+            for text in profiles:
+                print("\n" + text)
+
+        common.write_json(
+            args.json,
+            {
+                "benchmark": "decode",
+                "command": " ".join(["python", *sys.argv]),
+                "machine": machine,
+                "postgres": info,
+                "proto_version": max_proto_version(cluster.version),
+                "mode": mode,
+                "peek_options": list(reader.options),
+                "messages": len(datas),
+                "changes": changes,
+                "bytes": nbytes,
+                "message_types": dict(kinds),
+                "proto1_identical": identical,
+                "pypgoutput_messages": len(known),
+                "series": [s.to_json() for s in series],
+                "ratios": verdicts,
+                "load_before": load_before,
+                "load_after": load_after,
+                "profiles": profiles,
+            },
+        )
+        conn.close()
+        return 0 if all(v["pass"] for v in verdicts.values()) else 1
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""A :class:`~cdc_assets.apply.planner.ChangePlan` → one Delta commit.
+
+* **Keyed**: one MERGE on the key (null-safe). Unresolved TOAST columns are first filled from the
+  Delta row under the plan's fill key. With a row filter, the filter is evaluated on each final
+  image and PostgreSQL's UPDATE transformation follows from whether the key is in the table
+  (a filtered table holds a key exactly when its last image matched):
+
+  ============  ===========  ==============
+  key in table  new matches  action
+  ============  ===========  ==============
+  no            no           nothing
+  no            yes          INSERT
+  yes           no           DELETE
+  yes           yes          UPDATE
+  ============  ===========  ==============
+
+* **Multiset** (REPLICA IDENTITY FULL): per distinct row, the copies now in the table plus the
+  plan's difference give the final number of copies; one MERGE deletes the old copies and inserts
+  the final ones.
+* **Append**: an append.
+* **Truncate**: an overwrite with the rows that follow the cut — emptying and refilling in one
+  commit, so the table never shows a half-applied transaction.
+
+Every write runs inside :meth:`DeltaTarget.commit`, so the data and the applied LSN are one
+commit, and a replay after a crash is skipped by Delta.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cdc_assets.apply.planner import ACTION, COMMIT_TIME, COPIES, DELETE, FILL_KEY, LSN, UNRESOLVED, UPSERT, ChangePlan
+from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
+from cdc_assets.apply.target import DeltaTarget, delta_schema
+from cdc_assets.errors import CdcError
+
+MATCH = "_cdc_match"
+KIND = "_cdc_kind"
+
+
+class ApplyError(CdcError):
+    """A plan cannot be applied to its Delta table (names the table and the reason)."""
+
+
+@dataclass(slots=True)
+class MergeCounts:
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+
+
+def write_plan(target: DeltaTarget, plan: ChangePlan, lsn: int, *, row_filter: str | None = None) -> MergeCounts:
+    """Apply ``plan`` to ``target`` in one commit recording ``lsn``."""
+    spark = target.spark
+    columns = _columns_schema(plan)
+    source = _source_frame(spark, plan)
+    table_columns = [f.name for f in columns] + [LSN, COMMIT_TIME]
+    exists = target.exists()
+    if exists:
+        change = target.schema_change(columns)
+        if change:
+            target.evolve(change)
+    elif not plan.truncate and plan.mode != "append":
+        _create_empty(target, columns)
+        exists = True
+    if plan.mode == "keyed" and plan.has_unresolved:
+        if plan.truncate or not exists:
+            raise ApplyError(f"{plan.relation.qualified_name}: unchanged TOAST values to fill, but no table to fill from")
+        source = _fill_unresolved(source, target.read(), plan, [f.name for f in columns])
+    if row_filter:
+        source = source.withColumn(MATCH, F.coalesce(F.expr(row_filter), F.lit(False)))
+    if plan.truncate or not exists:
+        return _overwrite(target, plan, source, table_columns, lsn, row_filter is not None, existed=exists)
+    if plan.mode == "append":
+        rows = source.filter(F.col(MATCH)) if row_filter else source
+        with target.commit(lsn):
+            rows.select(*table_columns).write.format("delta").mode("append").save(target.path)
+        return MergeCounts(inserted=plan.counts.get("inserts", 0))
+    if plan.mode == "multiset":
+        return _merge_multiset(target, plan, source, table_columns, lsn, row_filter is not None)
+    return _merge_keyed(target, plan, source, table_columns, lsn, row_filter is not None)
+
+
+def _columns_schema(plan: ChangePlan) -> pa.Schema:
+    """The table's own columns, in Delta types."""
+    names = [c.name for c in plan.relation.columns]
+    return to_delta_arrow(plan.rows.select(names).slice(0, 0)).schema
+
+
+def _source_frame(spark: SparkSession, plan: ChangePlan) -> DataFrame:
+    rows = to_delta_arrow(plan.rows)
+    return spark.createDataFrame(rows, schema=spark_schema(rows.schema))
+
+
+def _create_empty(target: DeltaTarget, columns: pa.Schema) -> None:
+    """The table with no rows and no applied LSN (the first data commit records one)."""
+    empty = target.spark.createDataFrame([], delta_schema(columns))
+    writer = empty.write.format("delta").mode("overwrite")
+    for key, value in target.create_options().items():
+        writer = writer.option(key, value)
+    writer.save(target.path)
+
+
+def _null_safe(left: str, right: str, names: list[str]) -> str:
+    return " AND ".join(f"{left}.{_q(n)} <=> {right}.{_q(n)}" for n in names)
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _fill_unresolved(source: DataFrame, table: DataFrame, plan: ChangePlan, names: list[str]) -> DataFrame:
+    """Unchanged TOAST columns from the Delta row under each upsert's fill key."""
+    s, t = source.alias("s"), table.alias("t")
+    condition: Column = F.col(f"s.{FILL_KEY}").isNotNull()
+    for key in plan.key:
+        condition = condition & F.col(f"s.{FILL_KEY}.{_q(key)}").eqNullSafe(F.col(f"t.{_q(key)}"))
+    joined = s.join(t, condition, "left")
+    filled = [
+        F.when(F.array_contains(F.col(f"s.{UNRESOLVED}"), name), F.col(f"t.{_q(name)}")).otherwise(F.col(f"s.{_q(name)}")).alias(name)
+        for name in names
+    ]
+    rest = [F.col(f"s.{_q(c)}") for c in source.columns if c not in names]
+    return joined.select(*filled, *rest)
+
+
+def _merge_keyed(
+    target: DeltaTarget, plan: ChangePlan, source: DataFrame, columns: list[str], lsn: int, filtered: bool
+) -> MergeCounts:
+    values = {_q(c): f"s.{_q(c)}" for c in columns}
+    delete = f"s.{ACTION} = '{DELETE}'" + (f" OR NOT s.{MATCH}" if filtered else "")
+    insert = f"s.{ACTION} = '{UPSERT}'" + (f" AND s.{MATCH}" if filtered else "")
+    merge = (
+        DeltaTable.forPath(target.spark, target.path)
+        .alias("t")
+        .merge(source.alias("s"), _null_safe("t", "s", list(plan.key)))
+        .whenMatchedDelete(delete)
+        .whenMatchedUpdate(set=values)
+        .whenNotMatchedInsert(insert, values=values)
+    )
+    with target.commit(lsn):
+        metrics = merge.execute()
+    return _counts(metrics)
+
+
+def _merge_multiset(
+    target: DeltaTarget, plan: ChangePlan, source: DataFrame, columns: list[str], lsn: int, filtered: bool
+) -> MergeCounts:
+    """Delete every copy of each changed row and insert its final number of copies."""
+    names = list(plan.key)
+    table = target.read()
+    existing = (
+        table.alias("t").join(source.select(*names).alias("s"), F.expr(_null_safe("t", "s", names)), "left_semi")
+        .groupBy(*names).count()
+    )
+    final = source.alias("s").join(existing.alias("e"), F.expr(_null_safe("s", "e", names)), "left")
+    final = final.select(
+        *[F.col(f"s.{_q(c)}").alias(c) for c in source.columns],
+        (F.coalesce(F.col("e.count"), F.lit(0)) + F.col(f"s.{COPIES}")).alias("_cdc_final"),
+    )
+    if final.filter(F.col("_cdc_final") < 0).limit(1).count():
+        raise ApplyError(
+            f"{plan.relation.qualified_name}: the change log deletes more copies of a row than the Delta table holds;"
+            " the table is out of step with the log (rebuild it)"
+        )
+    keep = F.col("_cdc_final") > 0
+    if filtered:
+        keep = keep & F.col(MATCH)
+    deletes = final.select(*names, *[F.lit(None).alias(c) for c in columns if c not in names]).withColumn(KIND, F.lit("delete"))
+    inserts = (
+        final.filter(keep)
+        .withColumn("_cdc_copy", F.explode(F.sequence(F.lit(1), F.col("_cdc_final"))))
+        .select(*columns)
+        .withColumn(KIND, F.lit("insert"))
+    )
+    merge_source = deletes.select(*columns, KIND).unionByName(inserts.select(*columns, KIND))
+    values = {_q(c): f"s.{_q(c)}" for c in columns}
+    merge = (
+        DeltaTable.forPath(target.spark, target.path)
+        .alias("t")
+        .merge(merge_source.alias("s"), f"({_null_safe('t', 's', names)}) AND s.{KIND} = 'delete'")
+        .whenMatchedDelete()
+        .whenNotMatchedInsert(f"s.{KIND} = 'insert'", values=values)
+    )
+    with target.commit(lsn):
+        metrics = merge.execute()
+    return _counts(metrics)
+
+
+def _overwrite(
+    target: DeltaTarget, plan: ChangePlan, source: DataFrame, columns: list[str], lsn: int, filtered: bool, existed: bool
+) -> MergeCounts:
+    """The table's whole contents are the rows after the cut: one overwrite."""
+    if plan.mode == "keyed":
+        rows = source.filter(F.col(ACTION) == UPSERT)
+    elif plan.mode == "multiset":
+        rows = source.filter(F.col(COPIES) > 0).withColumn("_cdc_copy", F.explode(F.sequence(F.lit(1), F.col(COPIES))))
+    else:
+        rows = source
+    if filtered:
+        rows = rows.filter(F.col(MATCH))
+    deleted = target.read().count() if existed else 0
+    writer = rows.select(*columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+    if not existed:
+        for key, value in target.create_options().items():
+            writer = writer.option(key, value)
+    with target.commit(lsn):
+        writer.save(target.path)
+    return MergeCounts(inserted=_written_rows(target), deleted=deleted)
+
+
+def _written_rows(target: DeltaTarget) -> int:
+    history = DeltaTable.forPath(target.spark, target.path).history(1).collect()[0]
+    metrics = history["operationMetrics"] or {}
+    return int(metrics.get("numOutputRows", 0))
+
+
+def _counts(metrics: DataFrame | None) -> MergeCounts:
+    if metrics is None:
+        return MergeCounts()
+    row = metrics.collect()
+    if not row:
+        return MergeCounts()  # Delta skipped the commit: this LSN was applied before
+    first = row[0].asDict()
+    return MergeCounts(
+        inserted=int(first.get("num_inserted_rows", 0)),
+        updated=int(first.get("num_updated_rows", 0)),
+        deleted=int(first.get("num_deleted_rows", 0)),
+    )

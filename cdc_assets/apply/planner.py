@@ -1,0 +1,426 @@
+"""Planning: a table's change records → its net change (pure: no I/O, no Spark).
+
+The records after a Delta table's applied LSN, in commit order, become one :class:`ChangePlan`:
+
+* **TRUNCATE cuts.** With ``truncate: apply`` the last TRUNCATE of the batch drops every earlier
+  change and marks the table to be emptied, row filters notwithstanding; later changes apply to
+  the empty table. A snapshot does the same from its first row (it *is* the table's contents).
+* **Last image wins** per key. A key-changing UPDATE (an old key ``K`` or old row ``O`` that
+  differs from the new key) deletes the old key and upserts the new one.
+* **Unchanged TOAST** columns (``'u'``) are filled, in order, from the ``O`` old row of the same
+  record; from the latest earlier image of the same key in the batch — for a key change, the
+  image under the *old* key; otherwise they stay *unresolved* and the merge takes them from the
+  row already in the Delta table under ``_cdc_fill_key`` (the key the value was last stored under).
+* **Keyed tables** (a replica identity key: primary key or ``USING INDEX``) get one upsert or
+  delete per key. **REPLICA IDENTITY FULL** tables, whose key is every column, are planned as a
+  multiset — per distinct row, how many copies to add or remove — exact even with duplicate
+  rows. **Tables without a key** are append-only.
+
+Keys touched only by inserts, deletes and plain updates are resolved vectorized (the last record
+of each key wins); only keys involved in key changes or unresolved TOAST values go through an
+ordered fold in Python, so planning stays cheap for large batches.
+
+The consumer-side row filter is evaluated by the merge on the final images, where the Delta
+table itself says whether the old image matched (see :mod:`cdc_assets.apply.merge`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_assets.errors import CdcError
+from cdc_assets.pgoutput.schema import RelationSchema
+
+UPSERT = "upsert"
+DELETE = "delete"
+ACTION = "_cdc_action"
+UNRESOLVED = "_cdc_unresolved"
+FILL_KEY = "_cdc_fill_key"
+COPIES = "_cdc_copies"
+LSN = "_cdc_lsn"
+COMMIT_TIME = "_cdc_commit_time"
+TIME_TYPE = pa.timestamp("us", tz="UTC")
+
+PlanMode = Literal["keyed", "multiset", "append"]
+
+
+class PlanError(CdcError):
+    """The change records contradict themselves (e.g. an update keeps a value of a deleted key)."""
+
+
+@dataclass(slots=True, frozen=True)
+class RecordChunk:
+    """Change records (the change log's columns) written under one schema version."""
+
+    relation: RelationSchema
+    records: pa.Table
+
+
+@dataclass(slots=True)
+class ChangePlan:
+    """The net change of one table against its latest schema ``relation``.
+
+    ``mode`` says how ``rows`` apply:
+
+    * ``keyed``: one row per key; ``_cdc_action`` is ``upsert`` (the final image, where the
+      columns in ``_cdc_unresolved`` are to be taken from the Delta row under ``_cdc_fill_key``)
+      or ``delete`` (key columns only);
+    * ``multiset``: one row per distinct full row, ``_cdc_copies`` copies to add (> 0) or
+      remove (< 0);
+    * ``append``: rows to append.
+
+    ``truncate`` empties the table before ``rows`` apply. Every row carries ``_cdc_lsn`` (end LSN
+    of its last change's transaction) and ``_cdc_commit_time``.
+    """
+
+    relation: RelationSchema
+    mode: PlanMode
+    key: tuple[str, ...]
+    truncate: bool
+    rows: pa.Table
+    records: int
+    last_lsn: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def has_unresolved(self) -> bool:
+        return self.mode == "keyed" and self.rows.column(UNRESOLVED).null_count < self.rows.num_rows
+
+
+def plan_changes(
+    chunks: Sequence[RecordChunk], relation: RelationSchema, *, truncate: Literal["apply", "ignore"] = "apply"
+) -> ChangePlan:
+    """Plan ``chunks`` (in log order, at least one) for a table whose latest schema is ``relation``."""
+    if not chunks:
+        raise ValueError("nothing to plan: no change records")
+    events = _Events.build(chunks, relation, truncate)
+    if not relation.key_columns:
+        return _append_plan(events)
+    if relation.replica_identity == "f":
+        return _multiset_plan(events)
+    return _keyed_plan(events, relation.key_columns)
+
+
+# -- the records, flattened to the latest schema ---------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Events:
+    """The records after the cut, with ``new`` and ``old`` images as tables of the latest columns."""
+
+    relation: RelationSchema
+    truncate: bool
+    ops: np.ndarray
+    new: pa.Table
+    old: pa.Table
+    old_kind: np.ndarray
+    unchanged: list[list[str] | None]
+    lsn: np.ndarray
+    commit_time: pa.Array
+    record_count: int
+    last_lsn: int
+
+    @classmethod
+    def build(cls, chunks: Sequence[RecordChunk], relation: RelationSchema, truncate_mode: str) -> _Events:
+        names = [c.name for c in relation.columns]
+        types = _latest_types(chunks, relation)
+        ops = np.concatenate([c.records.column("_cdc_op").to_numpy(zero_copy_only=False) for c in chunks])
+        lsn = np.concatenate([c.records.column("_cdc_end_lsn").to_numpy() for c in chunks])
+        truncate, start = _cut(ops, truncate_mode)
+        keep = np.flatnonzero((np.arange(len(ops)) >= start) & (ops != "truncate"))
+        index = pa.array(keep, pa.int64())
+        new = pa.concat_tables([_flatten(c.records.column("new"), names, types) for c in chunks]).take(index)
+        old = pa.concat_tables([_flatten(c.records.column("old"), names, types) for c in chunks]).take(index)
+        kinds = np.concatenate([c.records.column("_cdc_old_kind").to_numpy(zero_copy_only=False) for c in chunks])
+        unchanged = [u for c in chunks for u in c.records.column("_cdc_unchanged").to_pylist()]
+        times = pa.chunked_array(
+            [chunk for c in chunks for chunk in c.records.column("_cdc_commit_time").cast(TIME_TYPE).chunks], TIME_TYPE
+        ).combine_chunks()
+        return cls(
+            relation=relation,
+            truncate=truncate,
+            ops=ops[keep],
+            new=new,
+            old=old,
+            old_kind=kinds[keep],
+            unchanged=[unchanged[i] for i in keep],
+            lsn=lsn[keep],
+            commit_time=times.take(index),
+            record_count=len(ops),
+            last_lsn=int(lsn.max()) if len(lsn) else 0,
+        )
+
+    def take_times(self, rows: np.ndarray) -> pa.Array:
+        return self.commit_time.take(pa.array(rows, pa.int64()))
+
+
+def _cut(ops: np.ndarray, truncate_mode: str) -> tuple[bool, int]:
+    """Whether the table is emptied first, and the index of the first record applied after that.
+
+    The later of the last TRUNCATE (with ``truncate: apply``) and the first snapshot record wins.
+    """
+    starts = []
+    if truncate_mode == "apply":
+        truncates = np.flatnonzero(ops == "truncate")
+        if len(truncates):
+            starts.append(int(truncates[-1]) + 1)
+    snapshots = np.flatnonzero(ops == "snapshot")
+    if len(snapshots):
+        starts.append(int(snapshots[0]))
+    return (True, max(starts)) if starts else (False, 0)
+
+
+def _latest_types(chunks: Sequence[RecordChunk], relation: RelationSchema) -> dict[str, pa.DataType]:
+    """Each column's Arrow type in the newest chunk that has it (older values are cast to it)."""
+    types: dict[str, pa.DataType] = {}
+    for chunk in reversed(chunks):
+        for child in chunk.records.schema.field("new").type:
+            types.setdefault(child.name, child.type)
+    return {c.name: types.get(c.name, pa.null()) for c in relation.columns}
+
+
+def _flatten(column: pa.ChunkedArray, names: list[str], types: dict[str, pa.DataType]) -> pa.Table:
+    """A struct column as a table of the latest columns: missing ones null, older types cast."""
+    struct = column.combine_chunks()
+    present = {struct.type.field(i).name for i in range(struct.type.num_fields)}
+    absent = struct.is_null()
+    arrays = []
+    for name in names:
+        if name not in present:
+            arrays.append(pa.nulls(len(struct), types[name]))
+            continue
+        child = struct.field(name)
+        if not child.type.equals(types[name]):
+            try:
+                child = child.cast(types[name])
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise PlanError(f"column {name}: cannot convert {child.type} values to {types[name]}: {error}") from None
+        if struct.null_count:
+            child = pc.if_else(absent, pa.nulls(len(child), child.type), child)
+        arrays.append(child)
+    return pa.table(arrays, names=names)
+
+
+def _with_metadata(table: pa.Table, lsn: np.ndarray, commit_time: pa.Array) -> pa.Table:
+    return table.append_column(LSN, pa.array(lsn, pa.int64())).append_column(COMMIT_TIME, commit_time)
+
+
+# -- append-only ------------------------------------------------------------------------------------
+
+
+def _append_plan(events: _Events) -> ChangePlan:
+    rows = np.flatnonzero(np.isin(events.ops, ["insert", "snapshot"]))
+    table = _with_metadata(events.new.take(pa.array(rows, pa.int64())), events.lsn[rows], events.take_times(rows))
+    return ChangePlan(
+        events.relation, "append", (), events.truncate, table, events.record_count, events.last_lsn, {"inserts": len(rows)}
+    )
+
+
+# -- keyed ------------------------------------------------------------------------------------------
+
+
+def _keyed_plan(events: _Events, key: tuple[str, ...]) -> ChangePlan:
+    is_update = events.ops == "update"
+    is_delete = events.ops == "delete"
+    has_old = np.isin(events.old_kind, ["K", "O"])
+    old_keys = pa.table(
+        [pc.if_else(pa.array(has_old), events.old.column(k), events.new.column(k)) for k in key], names=list(key)
+    )
+    new_id, old_id, keys = _key_ids(events.new.select(list(key)), old_keys)
+    key_changed = is_update & has_old & (new_id != old_id)
+    toasted = np.array([bool(u) for u in events.unchanged], dtype=bool)
+    complex_records = key_changed | (toasted & (events.old_kind != "O"))
+    complex_ids = np.union1d(new_id[complex_records], old_id[complex_records])
+    in_fold = np.isin(new_id, complex_ids) | np.isin(old_id, complex_ids)
+    simple = np.flatnonzero(~in_fold)
+    # The other records have one key each and no key change: the last record of each key wins.
+    simple_ids = np.where(is_delete[simple], old_id[simple], new_id[simple])
+    _, last_in_reverse = np.unique(simple_ids[::-1], return_index=True)
+    winners = np.sort(simple[::-1][last_in_reverse])
+    schema = _keyed_schema(events, key)
+    parts = [
+        _upserts(events, winners[~is_delete[winners]], schema),
+        _deletes(events, winners[is_delete[winners]], old_keys, schema),
+        *_fold(events, np.flatnonzero(in_fold), new_id, old_id, key_changed, keys, schema),
+    ]
+    rows = pa.concat_tables(parts)
+    actions = rows.column(ACTION)
+    upserts = int(pc.sum(pc.equal(actions, UPSERT)).as_py() or 0)
+    counts = {"upserts": upserts, "deletes": rows.num_rows - upserts}
+    return ChangePlan(events.relation, "keyed", key, events.truncate, rows, events.record_count, events.last_lsn, counts)
+
+
+def _keyed_schema(events: _Events, key: tuple[str, ...]) -> pa.Schema:
+    image = events.new.schema
+    return pa.schema(
+        [
+            *image,
+            pa.field(LSN, pa.int64()),
+            pa.field(COMMIT_TIME, TIME_TYPE),
+            pa.field(ACTION, pa.string()),
+            pa.field(UNRESOLVED, pa.list_(pa.string())),
+            pa.field(FILL_KEY, pa.struct([image.field(k) for k in key])),
+        ]
+    )
+
+
+def _key_ids(new_keys: pa.Table, old_keys: pa.Table) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Integer ids of keys (equal keys, nulls included, share an id) and the key of each id."""
+    count = new_keys.num_rows
+    both = _groupable(pa.concat_tables([new_keys, old_keys]))
+    both = both.append_column("__row", pa.array(np.arange(2 * count), pa.int64()))
+    groups = both.group_by(new_keys.column_names, use_threads=False).aggregate([("__row", "list")])
+    lists = groups.column("__row_list").combine_chunks()
+    ids = np.empty(2 * count, dtype=np.int64)
+    ids[lists.flatten().to_numpy()] = np.repeat(np.arange(len(lists)), pc.list_value_length(lists).to_numpy())
+    first_rows = pc.list_element(lists, 0).to_numpy()
+    original = pa.concat_tables([new_keys, old_keys]).take(pa.array(first_rows, pa.int64())).to_pylist()
+    return ids[:count], ids[count:], original
+
+
+def _groupable(table: pa.Table) -> pa.Table:
+    """``table`` with nested columns (lists, structs) replaced by their text, so it can be grouped."""
+    columns = []
+    for column in table.columns:
+        nested = pa.types.is_nested(column.type) or pa.types.is_interval(column.type)
+        columns.append(pa.array([repr(v) for v in column.to_pylist()], pa.string()) if nested else column)
+    return pa.table(columns, names=table.column_names)
+
+
+def _upserts(events: _Events, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
+    image = _images_with_old_toast(events, rows)
+    table = _with_metadata(image, events.lsn[rows], events.take_times(rows))
+    table = table.append_column(ACTION, pa.array([UPSERT] * len(rows), pa.string()))
+    return _conform(table, schema)
+
+
+def _deletes(events: _Events, rows: np.ndarray, old_keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    table = _with_metadata(old_keys.take(pa.array(rows, pa.int64())), events.lsn[rows], events.take_times(rows))
+    table = table.append_column(ACTION, pa.array([DELETE] * len(rows), pa.string()))
+    return _conform(table, schema)
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with ``schema``'s columns in order; missing ones null."""
+    return pa.table(
+        [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema],
+        schema=schema,
+    )
+
+
+def _images_with_old_toast(events: _Events, rows: np.ndarray) -> pa.Table:
+    """New images of ``rows``, unchanged TOAST columns taken from the ``O`` old row where sent."""
+    index = pa.array(rows, pa.int64())
+    image = events.new.take(index)
+    names_by_row = [events.unchanged[r] or () if events.old_kind[r] == "O" else () for r in rows]
+    if not any(names_by_row):
+        return image
+    old = events.old.take(index)
+    columns = []
+    for name in image.column_names:
+        mask = np.array([name in names for names in names_by_row], dtype=bool)
+        columns.append(pc.if_else(pa.array(mask), old.column(name), image.column(name)) if mask.any() else image.column(name))
+    return pa.table(columns, names=image.column_names)
+
+
+@dataclass(slots=True)
+class _Final:
+    """The folded state of one key: its last image (None when deleted) and what is unresolved."""
+
+    image: dict[str, Any] | None
+    unresolved: set[str]
+    fill_id: int | None
+    lsn: int
+    commit_time: Any
+
+
+def _fold(
+    events: _Events,
+    records: np.ndarray,
+    new_id: np.ndarray,
+    old_id: np.ndarray,
+    key_changed: np.ndarray,
+    keys: list[dict[str, Any]],
+    schema: pa.Schema,
+) -> list[pa.Table]:
+    """Apply, in order, the records touching keys with key changes or unresolved TOAST values."""
+    if not len(records):
+        return []
+    index = pa.array(records, pa.int64())
+    new_rows = events.new.take(index).to_pylist()
+    old_rows = events.old.take(index).to_pylist()
+    times = events.commit_time.take(index).to_pylist()
+    name = events.relation.qualified_name
+    state: dict[int, _Final] = {}
+    for i, record in enumerate(records):
+        lsn = int(events.lsn[record])
+        if events.ops[record] == "delete":
+            state[int(old_id[record])] = _Final(None, set(), None, lsn, times[i])
+            continue
+        image = new_rows[i]
+        unresolved: set[str] = set()
+        fill_id: int | None = None
+        source_id = int(old_id[record] if key_changed[record] else new_id[record])
+        for column in events.unchanged[record] or ():
+            earlier = state.get(source_id)
+            if events.old_kind[record] == "O":
+                image[column] = old_rows[i][column]
+            elif earlier is None:
+                if events.truncate:
+                    raise PlanError(
+                        f"{name}: column {column} was sent as unchanged TOAST (LSN {lsn}) after a TRUNCATE, with no"
+                        " earlier value in the batch"
+                    )
+                unresolved.add(column)
+                fill_id = source_id
+            elif earlier.image is None:
+                raise PlanError(f"{name}: an update (LSN {lsn}) keeps column {column} of a row the batch deleted")
+            elif column in earlier.unresolved:
+                unresolved.add(column)
+                fill_id = earlier.fill_id
+            else:
+                image[column] = earlier.image[column]
+        if key_changed[record]:
+            state[int(old_id[record])] = _Final(None, set(), None, lsn, times[i])
+        state[int(new_id[record])] = _Final(image, unresolved, fill_id, lsn, times[i])
+    names = [c.name for c in events.relation.columns]
+    rows = []
+    for key_id, final in state.items():
+        row: dict[str, Any] = dict(final.image) if final.image is not None else dict(keys[key_id])
+        row[LSN], row[COMMIT_TIME] = final.lsn, final.commit_time
+        row[ACTION] = UPSERT if final.image is not None else DELETE
+        row[UNRESOLVED] = sorted(final.unresolved) or None
+        row[FILL_KEY] = keys[final.fill_id] if final.fill_id is not None else None
+        rows.append({n: row.get(n) for n in [*names, LSN, COMMIT_TIME, ACTION, UNRESOLVED, FILL_KEY]})
+    return [pa.Table.from_pylist(rows, schema=schema)]
+
+
+# -- multiset ---------------------------------------------------------------------------------------
+
+
+def _multiset_plan(events: _Events) -> ChangePlan:
+    """REPLICA IDENTITY FULL: +1 per new row image, -1 per old row image, summed per distinct row."""
+    names = [c.name for c in events.relation.columns]
+    adds = np.flatnonzero(np.isin(events.ops, ["insert", "snapshot", "update"]))
+    removes = np.flatnonzero(np.isin(events.ops, ["update", "delete"]))
+    images = pa.concat_tables([_images_with_old_toast(events, adds), events.old.take(pa.array(removes, pa.int64()))])
+    signs = np.concatenate([np.ones(len(adds), np.int64), -np.ones(len(removes), np.int64)])
+    lsns = np.concatenate([events.lsn[adds], events.lsn[removes]])
+    rows = np.concatenate([adds, removes])
+    grouping = _groupable(images).append_column("__i", pa.array(np.arange(len(rows)), pa.int64()))
+    grouping = grouping.append_column(COPIES, pa.array(signs)).append_column(LSN, pa.array(lsns, pa.int64()))
+    groups = grouping.group_by(names, use_threads=False).aggregate([(COPIES, "sum"), (LSN, "max"), ("__i", "max")])
+    copies = groups.column(f"{COPIES}_sum").to_numpy()
+    changed = np.flatnonzero(copies != 0)
+    last = groups.column("__i_max").to_numpy()[changed]
+    table = images.take(pa.array(last, pa.int64()))
+    table = table.append_column(COPIES, pa.array(copies[changed], pa.int64()))
+    table = _with_metadata(table, lsns[last], events.take_times(rows[last]))
+    counts = {"inserts": int(copies[copies > 0].sum()), "deletes": int(-copies[copies < 0].sum())}
+    return ChangePlan(events.relation, "multiset", tuple(names), events.truncate, table, events.record_count, events.last_lsn, counts)

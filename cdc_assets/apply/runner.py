@@ -1,0 +1,112 @@
+"""``cdc-assets apply``: bring each configured Delta table up to the change log's checkpoint.
+
+Per table: read its applied LSN from the Delta log; read the change records after it up to the
+checkpoint; plan them; write the plan in one commit that records the checkpoint. Tables are
+applied one after another on one Spark session (Delta's idempotent-write settings are
+session-wide).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from cdc_assets.apply.merge import write_plan
+from cdc_assets.apply.planner import RecordChunk, plan_changes
+from cdc_assets.apply.target import DeltaTarget, app_id
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.config import Config, TableConfig, TableName
+from cdc_assets.errors import CdcError
+from cdc_assets.lsn import format_lsn
+
+
+@dataclass(slots=True)
+class TableApplied:
+    """What one table's apply did."""
+
+    table: str
+    path: str
+    applied_lsn: int | None
+    records: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    delta_version: int | None = None
+    skipped: str | None = None
+    elapsed_s: float = 0.0
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"{self.table}: {self.skipped} (applied LSN {_lsn(self.applied_lsn)})"
+        return (
+            f"{self.table}: {self.records:,} change records → {self.inserted:,} inserted, {self.updated:,} updated,"
+            f" {self.deleted:,} deleted; applied LSN {_lsn(self.applied_lsn)}, Delta version {self.delta_version}"
+            f" ({self.elapsed_s:.1f} s)"
+        )
+
+
+def delta_target(config: Config, table: TableConfig, spark: SparkSession) -> DeltaTarget:
+    return DeltaTarget(
+        spark,
+        config.target_path(table),
+        app_id(config.source.slot, str(table.name)),
+        table_properties=config.warehouse_table_properties,
+        storage_options=config.warehouse_storage_options,
+    )
+
+
+def apply_tables(
+    config: Config,
+    spark: SparkSession,
+    tables: Sequence[str | TableName] | None = None,
+    *,
+    progress: Callable[[TableApplied], None] | None = None,
+) -> list[TableApplied]:
+    """Apply the change log to the Delta tables of ``tables`` (default: every configured table)."""
+    reader = ChangeLogReader(config.changelog_path)
+    checkpoint = reader.checkpoint()
+    if checkpoint is None:
+        raise CdcError(f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first")
+    selected = [config.table(t) for t in tables] if tables else list(config.tables)
+    results = []
+    for table in selected:
+        result = apply_table(config, table, spark, reader, checkpoint.lsn)
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results
+
+
+def apply_table(config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int) -> TableApplied:
+    """Apply one table up to the checkpoint ``lsn``."""
+    started = time.monotonic()
+    name = str(table.name)
+    target = delta_target(config, table, spark)
+    applied = target.applied_lsn()
+    result = TableApplied(name, target.path, applied)
+    state = reader.checkpoint().tables.get(name)  # type: ignore[union-attr]
+    if state is None:
+        result.skipped = "not in the change log (not published, or set up before it was configured)"
+        return result
+    if applied is not None and applied >= lsn:
+        result.skipped = "up to date"
+        return result
+    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_changes(name, after=-1 if applied is None else applied, upto=lsn)]
+    if not chunks or (applied is not None and sum(c.records.num_rows for c in chunks) == 0):
+        result.skipped = "no changes"
+        return result
+    plan = plan_changes(chunks, state.relation, truncate=table.truncate)
+    counts = write_plan(target, plan, lsn, row_filter=table.row_filter)
+    result.records = plan.records
+    result.inserted, result.updated, result.deleted = counts.inserted, counts.updated, counts.deleted
+    result.applied_lsn = target.applied_lsn()
+    result.delta_version = target.version()
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def _lsn(value: int | None) -> str:
+    return "none" if value is None else format_lsn(value)

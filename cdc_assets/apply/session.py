@@ -1,0 +1,89 @@
+"""The Spark session: local, a cluster through ``spark.master``, or Spark Connect through ``remote``.
+
+A classic session gets Delta's SQL extension and catalog, and Delta's jars through
+``spark.jars.packages`` (resolved from Maven Central by Spark's Ivy at session start; cached in
+``~/.ivy2.5.2``). The delta-spark 4.4.1 Python package has no jars of its own and its 4.4.1 jars
+are not on Maven Central, so the package requested is the newest published one for this Spark
+minor (``DELTA_JARS_VERSION``); set ``spark.jars.packages`` or ``spark.jars`` in the
+configuration to choose other jars (e.g. for an offline cluster). A Spark Connect server must
+have Delta installed itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyspark
+from pyspark.sql import SparkSession
+
+from cdc_assets.config import SparkConfig
+
+DELTA_JARS_VERSION = "4.4.0"
+SCALA_VERSION = "2.13"
+
+
+def delta_package(spark_version: str = pyspark.__version__) -> str:
+    """The Maven coordinates of the Delta jars for a Spark version (``4.2.0`` → ``delta-spark_4.2_2.13``)."""
+    minor = ".".join(spark_version.split(".")[:2])
+    return f"io.delta:delta-spark_{minor}_{SCALA_VERSION}:{DELTA_JARS_VERSION}"
+
+
+def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[str, str]:
+    """Every setting a classic session starts with: Delta, UTC, small shuffles, then the user's."""
+    settings = {
+        "spark.app.name": app_name,
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "16",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    if "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
+        settings["spark.jars.packages"] = delta_package()
+    if not os.environ.get("HOME"):
+        settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
+    settings.update(config.conf)
+    return settings
+
+
+def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSession:
+    """The session for ``config`` (an existing active one with the same master is reused)."""
+    if config.remote:
+        builder = SparkSession.builder.remote(config.remote).appName(app_name)
+        for key, value in config.conf.items():
+            builder = builder.config(key, value)
+        return builder.getOrCreate()
+    builder = SparkSession.builder.master(config.master or "local[2]")
+    for key, value in session_settings(config, app_name).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+@contextmanager
+def quiet_start() -> Iterator[None]:
+    """Keep the JVM's start-up chatter (Ivy's dependency report) off the terminal; show it only if
+    starting fails."""
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        saved = [os.dup(1), os.dup(2)]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            log.seek(0)
+            sys.stderr.write(log.read().decode(errors="replace")[-4000:])
+            raise
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)

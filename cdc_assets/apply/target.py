@@ -1,0 +1,152 @@
+"""A mirrored Delta table: where it is, what LSN it holds, its schema, and how the schema evolves.
+
+The applied LSN lives in the Delta log itself: every data commit of cdc-assets carries Delta's
+idempotent-write marker (``txnAppId`` = ``cdc_assets:<slot>:<schema.table>``, ``txnVersion`` = the
+change-log checkpoint it applied), so the data and the position it reflects are one atomic commit
+and a commit replayed with the same version is skipped by Delta itself. It is read back with
+delta-rs (``transaction_version``), which needs no Spark — sensors use it too.
+
+New tables get deletion vectors (merges write only changed rows) and column mapping (so dropped
+columns can be dropped); ``warehouse.table_properties`` can override them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import DeltaTable as RustDeltaTable
+from deltalake.exceptions import TableNotFoundError
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from cdc_assets.apply.planner import COMMIT_TIME, LSN
+from cdc_assets.apply.spark_types import spark_type
+
+DEFAULT_TABLE_PROPERTIES = {
+    "delta.enableDeletionVectors": "true",
+    "delta.columnMapping.mode": "name",
+}
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+METADATA_COLUMNS = (LSN, COMMIT_TIME)
+
+
+def app_id(slot: str, table: str) -> str:
+    """The idempotent-write application id of a table's commits."""
+    return f"cdc_assets:{slot}:{table}"
+
+
+def applied_lsn(path: str, app: str, storage_options: dict[str, str] | None = None) -> int | None:
+    """The change-log checkpoint a Delta table was last brought to (None: no table, or never)."""
+    try:
+        table = RustDeltaTable(path, storage_options=storage_options)
+    except TableNotFoundError:
+        return None
+    return table.transaction_version(app)
+
+
+@dataclass(slots=True)
+class SchemaChange:
+    """How the table's columns must change before new data is written."""
+
+    add: list[tuple[str, pa.DataType]]
+    drop: list[str]
+    retype: list[tuple[str, pa.DataType]]
+
+    def __bool__(self) -> bool:
+        return bool(self.add or self.drop or self.retype)
+
+
+class DeltaTarget:
+    """One Delta table at ``path``, written only through :meth:`commit` (or :meth:`evolve`)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        path: str,
+        app: str,
+        *,
+        table_properties: dict[str, str] | None = None,
+        storage_options: dict[str, str] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.path = path
+        self.app = app
+        self.table_properties = {**DEFAULT_TABLE_PROPERTIES, **(table_properties or {})}
+        self.storage_options = storage_options
+
+    @property
+    def sql_name(self) -> str:
+        return f"delta.{_column(self.path)}"
+
+    def applied_lsn(self) -> int | None:
+        return applied_lsn(self.path, self.app, self.storage_options)
+
+    def exists(self) -> bool:
+        from delta.tables import DeltaTable
+
+        return DeltaTable.isDeltaTable(self.spark, self.path)
+
+    def read(self) -> DataFrame:
+        return self.spark.read.format("delta").load(self.path)
+
+    def version(self) -> int:
+        from delta.tables import DeltaTable
+
+        return int(DeltaTable.forPath(self.spark, self.path).history(1).collect()[0]["version"])
+
+    def schema_change(self, columns: pa.Schema) -> SchemaChange:
+        """What must change so the table has exactly ``columns`` (plus the metadata columns)."""
+        current = {f.name: f.dataType for f in self.read().schema.fields}
+        wanted = {f.name: f.type for f in columns}
+        add = [(name, kind) for name, kind in wanted.items() if name not in current]
+        drop = [name for name in current if name not in wanted and name not in METADATA_COLUMNS]
+        retype = [(name, kind) for name, kind in wanted.items() if name in current and spark_type(kind) != current[name]]
+        return SchemaChange(add, drop, retype)
+
+    def evolve(self, change: SchemaChange) -> None:
+        """Apply a schema change: ADD / DROP COLUMN in place (column mapping), a changed type by
+        rewriting the column with a cast (Delta readers do not support type widening)."""
+        for name, kind in change.add:
+            self.spark.sql(f"ALTER TABLE {self.sql_name} ADD COLUMNS ({_column(name)} {spark_type(kind).simpleString()})")
+        for name in change.drop:
+            self.spark.sql(f"ALTER TABLE {self.sql_name} DROP COLUMN {_column(name)}")
+        if change.retype:
+            frame = self.read()
+            for name, kind in change.retype:
+                frame = frame.withColumn(name, frame[name].cast(spark_type(kind)))
+            frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(self.path)
+
+    def create_options(self) -> dict[str, str]:
+        """Writer options that set the table properties of a new table."""
+        return dict(self.table_properties)
+
+    @contextmanager
+    def commit(self, lsn: int) -> Iterator[None]:
+        """Writes inside are one Delta commit recording ``lsn`` as this table's applied LSN; Delta
+        skips them if the table already holds ``lsn`` or later."""
+        conf = self.spark.conf
+        conf.set(TXN_APP_ID, self.app)
+        conf.set(TXN_VERSION, str(lsn))
+        conf.set(USER_METADATA, json.dumps({"cdc_assets_applied_lsn": lsn}))
+        try:
+            yield
+        finally:
+            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+                conf.unset(key)
+
+
+def delta_schema(columns: pa.Schema) -> T.StructType:
+    """The Spark schema of a mirrored table: its columns, then the metadata columns."""
+    fields = [T.StructField(f.name, spark_type(f.type), True) for f in columns]
+    fields += [T.StructField(LSN, T.LongType(), True), T.StructField(COMMIT_TIME, T.TimestampType(), True)]
+    return T.StructType(fields)
+
+
+def _column(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

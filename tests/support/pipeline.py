@@ -1,0 +1,152 @@
+"""A cdc-assets pipeline around one test database: a config file in a temporary folder, the Python
+API and the command line (in a subprocess), and looks at the slot and the change log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.config import Config, load_config
+from cdc_assets.drain import DrainResult, drain
+from cdc_assets.setup import SetupResult, setup
+from tests.conftest import Database
+from tests.support.oracle import Replica, assert_mirrors
+
+ROOT = Path(__file__).resolve().parents[2]
+DSN_VARIABLE = "CDC_SOURCE_DSN"
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something true and return that (the poll interval is
+    no synchronisation: the test proceeds on the condition, not on time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not met within {timeout} s")
+        time.sleep(0.02)
+
+
+@dataclass(slots=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@dataclass
+class Pipeline:
+    """``tables``: ``schema.table`` names; ``source``: extra ``source:`` settings of the file."""
+
+    db: Database
+    folder: Path
+    tables: list[str]
+    source: dict[str, Any] = field(default_factory=dict)
+    dsn: str | None = None  # the source DSN (default: the database's, as superuser)
+
+    def __post_init__(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.write_config()
+
+    # -- configuration -------------------------------------------------------------------
+
+    @property
+    def config_path(self) -> Path:
+        return self.folder / "cdc.yaml"
+
+    @property
+    def changelog(self) -> str:
+        return str(self.folder / "changelog")
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub", **self.source},
+            "changelog": {"path": "./changelog"},
+            "warehouse": {"path": "./warehouse"},
+            "tables": {t: {} for t in self.tables},
+        }
+
+    def write_config(self, **source: Any) -> None:
+        """Rewrite the file, with ``source`` settings changed (e.g. ``streaming="on"``)."""
+        self.source.update(source)
+        self.config_path.write_text(yaml.safe_dump(self.document(), sort_keys=False))
+
+    @property
+    def environ(self) -> dict[str, str]:
+        return {**os.environ, DSN_VARIABLE: self.dsn or self.db.dsn}
+
+    def config(self) -> Config:
+        return load_config(self.config_path, environ={DSN_VARIABLE: self.dsn or self.db.dsn})
+
+    # -- running -------------------------------------------------------------------------
+
+    def setup(self, **kwargs: Any) -> SetupResult:
+        return setup(self.config(), **kwargs)
+
+    def drain(self, **kwargs: Any) -> DrainResult:
+        return drain(self.config(), **kwargs)
+
+    def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> CliResult:
+        """``python -m cdc_assets <args> -c <config>`` in a subprocess."""
+        done = subprocess.run(
+            self.cli_command(*args), capture_output=True, text=True, env=env or self.environ, cwd=ROOT, timeout=timeout,
+            check=False,
+        )
+        return CliResult(done.returncode, done.stdout, done.stderr)
+
+    def cli_command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "cdc_assets", *args, "-c", str(self.config_path)]
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.cli_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=env or self.environ, cwd=ROOT,
+        )
+
+    # -- looking -------------------------------------------------------------------------
+
+    @property
+    def reader(self) -> ChangeLogReader:
+        return ChangeLogReader(self.changelog)
+
+    def checkpoint(self) -> Checkpoint | None:
+        return read_checkpoint(LogStore(self.changelog))
+
+    def checkpoint_bytes(self) -> bytes:
+        return (Path(self.changelog) / "_checkpoint.json").read_bytes()
+
+    def confirmed_flush(self, slot: str = "cdc_slot") -> int | None:
+        rows = self.db.execute(
+            "SELECT (confirmed_flush_lsn - '0/0')::int8 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        )
+        return rows[0][0] if rows else None
+
+    def flush_lsn(self) -> int:
+        return self.db.execute("SELECT (pg_current_wal_flush_lsn() - '0/0')::int8")[0][0]
+
+    def assert_mirrors(self, tables: list[str] | None = None) -> Replica:
+        return assert_mirrors(self.changelog, self.db.dsn, tables or self.tables)
+
+    def batch_starts(self) -> list[int]:
+        """Batch start LSNs of the transaction files, in log order."""
+        return sorted(
+            int(p.name.split("-")[0], 16) for p in (Path(self.changelog) / "transactions").glob("*.parquet")
+        )

@@ -1,0 +1,316 @@
+"""Crash tests of the drain (issue 3: "≥ 50 kill points, 0 lost, 0 duplicated, order kept").
+
+The drain runs as the real command (``python -m cdc_assets drain``) in a subprocess and dies by a
+real SIGKILL: at the fault points of ``cdc_assets/faults.py`` (``CDC_ASSETS_FAULT=<point>:<n>``)
+and at random moments while it holds the drain lock. A single-connection writer commits
+transactions the whole time, so its own order is the commit order, and each transaction carries
+its xid. At the end the change log must hold every committed transaction exactly once, in commit
+order, whole, and nothing else (invariants 1-4); replaying it must give the source's tables; the
+slot must sit at the checkpoint and no file outside the checkpoint may remain.
+
+``CDC_CRASH_SEED`` fixes the random choices (the seed is printed); ``CDC_CRASH_KILLS`` sets the
+number of kill cycles of the main test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.support.crash import (
+    SCHEMA_SQL,
+    DrainMonitor,
+    LogTracker,
+    Workload,
+    WriterThread,
+    assert_no_litter,
+    describe,
+    drained_numbers,
+    kill,
+    log_state,
+    run_cli,
+    run_drain_killed_in_checkpoint_replace,
+    start_drain,
+    verify_log,
+    wait_for,
+    write_config,
+)
+
+FAULT_POINTS = ("after-segments", "after-checkpoint", "after-advance", "mid-batch")
+BATCH_CHANGES = 50
+WRITER_RATE = 60.0  # transactions per second while drains are killed (well below what a drain does)
+MAX_BACKLOG = 1000  # past this many undrained transactions, a catch-up drain runs to its end
+MAX_DELAY = 1.5  # seconds: the longest random delay before a kill
+MIN_REAL_KILLS = 50
+VERBOSE = bool(os.environ.get("CDC_CRASH_VERBOSE"))
+
+
+def _setup(pg, tmp_path: Path) -> tuple[Path, str]:
+    with pg.connect() as conn:
+        for sql in SCHEMA_SQL:
+            conn.execute(sql)
+    slot = f"crash_{pg.name}".lower()
+    config = write_config(tmp_path, slot, batch_changes=BATCH_CHANGES)
+    result = run_cli(config, pg.dsn, "setup")
+    assert result.returncode == 0, describe(result)
+    return config, slot
+
+
+def _expected_state(point: str, state) -> None:
+    """What a kill at ``point`` leaves, by the drain's order: segments, checkpoint, advance."""
+    if point == "after-segments":
+        assert state.orphans, "killed after the segments were written, but there are no uncovered segments"
+        assert all(f"{state.checkpoint_lsn:016X}-" in name for name in state.orphans), state.orphans
+        assert state.confirmed_flush == state.checkpoint_lsn
+    elif point == "after-checkpoint":
+        assert not state.orphans, state.orphans
+        assert state.confirmed_flush < state.checkpoint_lsn, "killed before the advance, yet the slot is advanced"
+        assert state.confirmed_flush == state.last_batch_start, "the slot is not at the previous checkpoint"
+    else:  # after-advance, mid-batch
+        assert not state.orphans, state.orphans
+        assert state.confirmed_flush == state.checkpoint_lsn
+    assert not [name for name in state.litter if not name.startswith("_checkpoint.json.tmp-")], state.litter
+
+
+def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
+    started = time.monotonic()
+    seed = int(os.environ.get("CDC_CRASH_SEED", random.randrange(1 << 30)))
+    cycles = int(os.environ.get("CDC_CRASH_KILLS", "66"))
+    rng = random.Random(seed)
+    config, slot = _setup(pg, tmp_path)
+    root = tmp_path / "changelog"
+    monitor = DrainMonitor(pg.dsn)
+    workload = Workload(pg.dsn, seed, large_share=0.02)
+    writer = WriterThread(workload, WRITER_RATE)
+    tracker = LogTracker(root)
+
+    # The plan: a third of the kills at fault points (each point, n varying), the rest at random
+    # moments; every sixth cycle a drain that runs to its end.
+    plan: list[tuple[str, int]] = []
+    for number in range(cycles):
+        point = FAULT_POINTS[number % 4] if number % 3 == 0 else "random"
+        plan.append((point, rng.randint(1, 12) if point != "random" else 0))
+    rng.shuffle(plan)
+    for at in range(5, len(plan) + 1, 6):
+        plan.insert(at, ("complete", 0))
+
+    kills: Counter[str] = Counter()  # real kills of a running drain, by point
+    misses: Counter[str] = Counter()  # the drain finished before the kill
+    landed: Counter[str] = Counter()  # random kills, by what they left behind
+    completed = 0
+    rate_estimate = 400.0  # transactions per second a drain gets through; refined from completed drains
+
+    def backlog() -> int:
+        return workload.count - len(tracker.seen)
+
+    def wait_backlog(n: int) -> None:
+        wait_for(lambda: writer.check() or backlog() >= n, 60, f"a backlog of {n} transactions")
+
+    writer.start()
+    try:
+        for point, n in plan:
+            if backlog() > MAX_BACKLOG and point != "complete":
+                plan_catch_up = run_cli(config, pg.dsn, "drain")  # keep drains short enough to kill mid-run
+                assert plan_catch_up.returncode == 0, describe(plan_catch_up)
+                completed += 1
+                tracker.update(workload.committed)
+            if point == "complete":
+                wait_backlog(100)
+                result = run_cli(config, pg.dsn, "drain")
+                assert result.returncode == 0, describe(result)
+                numbers = drained_numbers(result.stdout)
+                if numbers and numbers[0] > 100 and numbers[1] > 0:
+                    rate_estimate = numbers[0] / numbers[1]
+                completed += 1
+                state = log_state(root, monitor.confirmed_flush(slot))
+                assert not state.orphans and state.confirmed_flush == state.checkpoint_lsn, state
+                tracker.update(workload.committed)
+                continue
+            if point == "random":
+                wait_backlog(rng.randint(100, 400))
+                process = start_drain(config, pg.dsn)
+                wait_for(lambda: process.poll() is not None or monitor.lock_granted(), 60, "the drain to take its lock")
+                # The experiment: a random moment within the drain's expected run time.
+                time.sleep(rng.uniform(0.0, min(MAX_DELAY, 1.1 * (backlog() / rate_estimate + 0.05))))
+                killed, code, out, err = kill(process)
+            else:
+                wait_backlog(12 * n + 100)  # enough work for the drain to pass the point n times
+                process = start_drain(config, pg.dsn, fault=f"{point}:{n}")
+                out, err = process.communicate(timeout=120)
+                code = process.returncode
+                killed = code == -9
+            assert code in (0, -9), f"drain ({point}:{n}) failed\n" + describe((code, out, err))
+            monitor.wait_quiet()
+            state = log_state(root, monitor.confirmed_flush(slot))
+            assert state.confirmed_flush <= state.checkpoint_lsn, (
+                f"invariant 2: after a kill ({point}) the slot confirmed {state.confirmed_flush:X}, past the"
+                f" checkpoint {state.checkpoint_lsn:X}"
+            )
+            if killed:
+                kills[point] += 1
+                if point == "random":
+                    landed[state.where] += 1
+                else:
+                    _expected_state(point, state)
+            else:
+                misses[point] += 1
+            tracker.update(workload.committed)
+            if VERBOSE:
+                print(
+                    f"[crash] {time.monotonic() - started:6.1f} s {point}:{n} killed={killed} code={code}"
+                    f" {state.where!r} log={len(tracker.seen)} writer={workload.count}", flush=True,
+                )
+        # A last drain while the writer still runs, then stop it and drain to the end.
+        result = run_cli(config, pg.dsn, "drain")
+        assert result.returncode == 0, describe(result)
+    finally:
+        writer.stop()
+        monitor.close()
+    result = run_cli(config, pg.dsn, "drain")
+    assert result.returncode == 0, describe(result)
+    tracker.update(workload.committed)
+    verified = verify_log(root, pg.dsn, slot, workload)
+    workload.close()
+
+    total = sum(kills.values())
+    print(
+        f"\n[crash] seed {seed}: {total} SIGKILLs of a running drain ({sum(misses.values())} drains finished first:"
+        f" {dict(misses)}), {completed + 2} drains run to the end"
+        f"\n[crash] kills by point: {dict(sorted(kills.items()))}"
+        f"\n[crash] random kills landed: {dict(landed)}"
+        f"\n[crash] verified {verified.transactions} transactions"
+        f" ({sum(c.large for c in workload.committed)} large), {verified.changes} change records,"
+        f" {verified.messages} messages, rows {verified.rows}; {time.monotonic() - started:.0f} s"
+    )
+    assert total >= MIN_REAL_KILLS, f"only {total} kills hit a running drain (seed {seed})"
+    assert all(kills[p] >= 3 for p in FAULT_POINTS), f"too few kills at some fault point: {dict(kills)}"
+    assert kills["random"] >= 25, f"too few random kills hit a running drain: {dict(kills)}"
+    assert landed["batch files being written"] >= 3, f"too few random kills landed inside a batch: {dict(landed)}"
+    assert_no_litter(verified)
+
+
+# -- one kill at each fault point, and what the next drain does --------------------------------
+
+
+def _killed_at(pg, tmp_path: Path, point: str, n: int, transactions: int = 300):
+    """Set up, commit ``transactions``, run a drain that dies at the n-th pass of ``point``."""
+    config, slot = _setup(pg, tmp_path)
+    workload = Workload(pg.dsn, seed=n)
+    for _ in range(transactions):
+        workload.transact()
+    result = run_cli(config, pg.dsn, "drain", fault=f"{point}:{n}")
+    assert result.returncode == -9, f"the drain did not die at {point}:{n}\n" + describe(result)
+    monitor = DrainMonitor(pg.dsn)
+    monitor.wait_quiet()
+    return config, slot, workload, monitor
+
+
+def _logged_xids(root: Path) -> list[int]:
+    from cdc_assets.changelog.reader import ChangeLogReader
+
+    txns = ChangeLogReader(str(root)).transactions()
+    return txns.column("xid").to_pylist() if txns.num_rows else []
+
+
+def _finish(pg, config: Path, slot: str, workload: Workload, root: Path) -> None:
+    result = run_cli(config, pg.dsn, "drain")
+    assert result.returncode == 0, describe(result)
+    verified = verify_log(root, pg.dsn, slot, workload)
+    assert verified.transactions == workload.count
+    workload.close()
+    assert_no_litter(verified)
+
+
+def test_kill_after_segments_orphans_are_removed_not_read(pg, tmp_path: Path) -> None:
+    config, slot, workload, monitor = _killed_at(pg, tmp_path, "after-segments", 3)
+    root = tmp_path / "changelog"
+    state = log_state(root, monitor.confirmed_flush(slot))
+    _expected_state("after-segments", state)
+    batch = f"{state.checkpoint_lsn:016X}"
+    assert f"transactions/{batch}-0000.parquet" in state.orphans
+    # Readers see only what the checkpoint covers: two whole batches, a prefix of the commits.
+    logged = _logged_xids(root)
+    assert 0 < len(logged) < workload.count
+    assert logged == [c.xid for c in workload.committed[: len(logged)]]
+    # Plant copies of the orphans under part numbers the next batch will not write: were they
+    # not removed before that batch, the checkpoint would make them valid and duplicate it.
+    decoys = []
+    for name in state.orphans:
+        decoy = name.replace(f"{batch}-0000", f"{batch}-0007")
+        (root / decoy).write_bytes((root / name).read_bytes())
+        decoys.append(decoy)
+    monitor.close()
+    _finish(pg, config, slot, workload, root)
+    assert not [d for d in decoys if (root / d).exists()], "orphan segments survived the next drain"
+
+
+def test_kill_after_checkpoint_next_drain_advances_the_slot_first(pg, tmp_path: Path) -> None:
+    config, slot, workload, monitor = _killed_at(pg, tmp_path, "after-checkpoint", 2)
+    root = tmp_path / "changelog"
+    state = log_state(root, monitor.confirmed_flush(slot))
+    assert not state.orphans and not state.litter
+    assert state.confirmed_flush < state.checkpoint_lsn, "the slot should be behind the checkpoint"
+    logged = _logged_xids(root)
+    assert logged == [c.xid for c in workload.committed[: len(logged)]] and logged
+    # The next drain reconciles before its first peek: kill it there and look at the slot.
+    result = run_cli(config, pg.dsn, "drain", fault="mid-batch:1")
+    assert result.returncode == -9, describe(result)
+    monitor.wait_quiet()
+    after = log_state(root, monitor.confirmed_flush(slot))
+    assert after.checkpoint_lsn == state.checkpoint_lsn
+    assert after.confirmed_flush == state.checkpoint_lsn, "the next drain did not advance the slot to the checkpoint first"
+    assert _logged_xids(root) == logged
+    monitor.close()
+    _finish(pg, config, slot, workload, root)
+
+
+def test_kill_after_advance_next_drain_continues(pg, tmp_path: Path) -> None:
+    config, slot, workload, monitor = _killed_at(pg, tmp_path, "after-advance", 4)
+    root = tmp_path / "changelog"
+    state = log_state(root, monitor.confirmed_flush(slot))
+    _expected_state("after-advance", state)
+    logged = _logged_xids(root)
+    assert 0 < len(logged) < workload.count
+    assert logged == [c.xid for c in workload.committed[: len(logged)]]
+    monitor.close()
+    _finish(pg, config, slot, workload, root)
+
+
+def test_kill_mid_batch_leaves_the_last_checkpoint(pg, tmp_path: Path) -> None:
+    config, slot, workload, monitor = _killed_at(pg, tmp_path, "mid-batch", 5)
+    root = tmp_path / "changelog"
+    state = log_state(root, monitor.confirmed_flush(slot))
+    _expected_state("mid-batch", state)
+    logged = _logged_xids(root)
+    assert 0 < len(logged) < workload.count
+    assert logged == [c.xid for c in workload.committed[: len(logged)]]
+    # Four whole batches went through before the fifth peek.
+    batches = {name.split("/")[-1][:16] for name in os.listdir(root / "transactions")}
+    assert len(batches) == 4, sorted(batches)
+    monitor.close()
+    _finish(pg, config, slot, workload, root)
+
+
+def test_kill_while_replacing_the_checkpoint_leaves_no_stale_file(pg, tmp_path: Path) -> None:
+    """A kill between writing ``_checkpoint.json.tmp-<pid>`` and renaming it over the checkpoint
+    (random kills land there now and then) must not leave that file behind for good."""
+    config, slot = _setup(pg, tmp_path)
+    root = tmp_path / "changelog"
+    workload = Workload(pg.dsn, seed=3)
+    for _ in range(300):
+        workload.transact()
+    result = run_drain_killed_in_checkpoint_replace(config, pg.dsn, 3)
+    assert result.returncode == -9, describe(result)
+    monitor = DrainMonitor(pg.dsn)
+    monitor.wait_quiet()
+    state = log_state(root, monitor.confirmed_flush(slot))
+    monitor.close()
+    # The old checkpoint stands (the rename is atomic); the batch is uncovered; the slot is at the checkpoint.
+    assert state.orphans and state.confirmed_flush == state.checkpoint_lsn, state
+    assert [name for name in state.litter if name.startswith("_checkpoint.json.tmp-")], state.litter
+    _finish(pg, config, slot, workload, root)

@@ -84,9 +84,12 @@ def drain(
     wait: bool = False,
     progress: Callable[[DrainProgress], None] | None = None,
     spill_dir: str | None = None,
+    upto_lsn: int | None = None,
 ) -> DrainResult:
-    """Drain the configured slot into the change log until it holds everything committed before
-    the drain started. ``wait``: wait for another drain of the slot instead of failing."""
+    """Drain the configured slot into the change log until it holds every transaction that ended
+    by ``upto_lsn`` (default: the WAL position when the drain started).
+
+    ``wait``: wait for another drain of the slot instead of failing."""
     source = config.source
     store = LogStore(config.changelog_path)
     started = time.monotonic()
@@ -107,7 +110,7 @@ def drain(
         ChangeLogReader(store).remove_stale()
         if source.heartbeat:
             emit_heartbeat(catalog_conn)
-        target = _flush_lsn(conn)
+        target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
         result = DrainResult(start_lsn=checkpoint.lsn, checkpoint_lsn=checkpoint.lsn)
         catalog = TypeCatalog()
         assembler = TransactionAssembler(

@@ -135,4 +135,4 @@ def _copy_snapshot(
     except BaseException:
         writer.abandon()
         raise
-    return writer.close(lsn).advanced(lsn, snapshot_lsn=lsn)
+    return writer.close(lsn).advanced(lsn, snapshot_lsn=lsn, snapshot_time_us=info.commit_time_us)

@@ -14,6 +14,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow.parquet as pq
 import pytest
 
@@ -366,6 +367,34 @@ def _mixed_workload(db: Database, pipe: Pipeline, w: Workload) -> None:
     # The snapshot's schemas (from the catalog) and the drained ones (from Relation messages) are
     # the same versions: no table got a second schema version.
     assert {t: s.schema_version for t, s in pipe.checkpoint().tables.items()} == {t: 1 for t in TABLES}
+    # Prepared transactions were drained, yet the slot is still not two-phase (invariant 6).
+    assert db.execute("SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == [(False,)]
+
+
+def test_session_settings_do_not_change_values(pg: Database, tmp_path: Path, workload: Workload) -> None:
+    """The source DSN sets a time zone, date and interval styles, bytea output and float digits
+    that would all change value text; setup and drain pin their own (invariant 5)."""
+    options = (
+        "-c TimeZone=America/New_York -c DateStyle=SQL,DMY -c IntervalStyle=iso_8601 -c bytea_output=escape"
+        " -c extra_float_digits=-3"
+    )
+    pg.execute(
+        "CREATE TABLE v (id int PRIMARY KEY, ts timestamptz, d date, iv interval, b bytea, f float8, r real, tt timetz);"
+        " INSERT INTO v VALUES (1, '2024-06-01 12:00:00.123456+02', '2024-02-29', '1 year -2 days 03:04:05.5',"
+        " '\\x00ff', 0.1, 1.1, '01:02:03+04')"
+    )
+    pipe = Pipeline(pg, tmp_path, ["public.v"], dsn=f"{pg.dsn} options='{options}'")
+    pipe.setup()
+    workload.tx(
+        "INSERT INTO v VALUES (2, '1999-12-31 23:59:59.999999-08', '0001-01-01 BC', '-1 days +02:03:04', '\\xdeadbeef',"
+        " 1e-300, 3.4e38, '23:59:59.999999-12')",
+        "UPDATE v SET f = 0.30000000000000004 WHERE id = 1",
+    )
+    with psycopg.connect(pipe.dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT ts::text FROM v WHERE id = 1").fetchone()[0] == "01/06/2024 06:00:00.123456 EDT"
+    pipe.drain()
+    replica = pipe.assert_mirrors()
+    assert replica["public.v"].keyed[(1,)]["f"] == 0.30000000000000004
 
 
 # --- bounded memory ------------------------------------------------------------------------

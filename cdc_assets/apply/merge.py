@@ -54,8 +54,14 @@ class MergeCounts:
     deleted: int = 0
 
 
-def write_plan(target: DeltaTarget, plan: ChangePlan, lsn: int, *, row_filter: str | None = None) -> MergeCounts:
-    """Apply ``plan`` to ``target`` in one commit recording ``lsn``."""
+def write_plan(
+    target: DeltaTarget, plan: ChangePlan, lsn: int, *, row_filter: str | None = None, rebuild: bool = False
+) -> MergeCounts:
+    """Apply ``plan`` to ``target`` in one commit recording ``lsn``.
+
+    ``rebuild``: ``plan`` holds the table's whole history (it starts from the snapshot); the table
+    is overwritten even if it already holds ``lsn``.
+    """
     spark = target.spark
     columns = _columns_schema(plan)
     source = _source_frame(spark, plan)
@@ -75,7 +81,8 @@ def write_plan(target: DeltaTarget, plan: ChangePlan, lsn: int, *, row_filter: s
     if row_filter:
         source = source.withColumn(MATCH, F.coalesce(F.expr(row_filter), F.lit(False)))
     if plan.truncate or not exists:
-        return _overwrite(target, plan, source, table_columns, lsn, row_filter is not None, existed=exists)
+        idempotent = not rebuild or (target.applied_lsn() or -1) < lsn
+        return _overwrite(target, plan, source, table_columns, lsn, row_filter is not None, exists, idempotent)
     if plan.mode == "append":
         rows = source.filter(F.col(MATCH)) if row_filter else source
         with target.commit(lsn):
@@ -193,7 +200,14 @@ def _merge_multiset(
 
 
 def _overwrite(
-    target: DeltaTarget, plan: ChangePlan, source: DataFrame, columns: list[str], lsn: int, filtered: bool, existed: bool
+    target: DeltaTarget,
+    plan: ChangePlan,
+    source: DataFrame,
+    columns: list[str],
+    lsn: int,
+    filtered: bool,
+    existed: bool,
+    idempotent: bool,
 ) -> MergeCounts:
     """The table's whole contents are the rows after the cut: one overwrite."""
     if plan.mode == "keyed":
@@ -209,7 +223,7 @@ def _overwrite(
     if not existed:
         for key, value in target.create_options().items():
             writer = writer.option(key, value)
-    with target.commit(lsn):
+    with target.commit(lsn, idempotent=idempotent):
         writer.save(target.path)
     return MergeCounts(inserted=_written_rows(target), deleted=deleted)
 

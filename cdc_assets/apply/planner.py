@@ -128,15 +128,13 @@ class _Events:
 
     @classmethod
     def build(cls, chunks: Sequence[RecordChunk], relation: RelationSchema, truncate_mode: str) -> _Events:
-        names = [c.name for c in relation.columns]
-        types = _latest_types(chunks, relation)
         ops = np.concatenate([c.records.column("_cdc_op").to_numpy(zero_copy_only=False) for c in chunks])
         lsn = np.concatenate([c.records.column("_cdc_end_lsn").to_numpy() for c in chunks])
         truncate, start = _cut(ops, truncate_mode)
         keep = np.flatnonzero((np.arange(len(ops)) >= start) & (ops != "truncate"))
         index = pa.array(keep, pa.int64())
-        new = pa.concat_tables([_flatten(c.records.column("new"), names, types) for c in chunks]).take(index)
-        old = pa.concat_tables([_flatten(c.records.column("old"), names, types) for c in chunks]).take(index)
+        new = latest_images(chunks, relation, "new").take(index)
+        old = latest_images(chunks, relation, "old").take(index)
         kinds = np.concatenate([c.records.column("_cdc_old_kind").to_numpy(zero_copy_only=False) for c in chunks])
         unchanged = [u for c in chunks for u in c.records.column("_cdc_unchanged").to_pylist()]
         times = pa.chunked_array(
@@ -158,6 +156,13 @@ class _Events:
 
     def take_times(self, rows: np.ndarray) -> pa.Array:
         return self.commit_time.take(pa.array(rows, pa.int64()))
+
+
+def latest_images(chunks: Sequence[RecordChunk], relation: RelationSchema, image: str = "new") -> pa.Table:
+    """The ``new`` (or ``old``) images of ``chunks`` as one table of ``relation``'s columns."""
+    names = [c.name for c in relation.columns]
+    types = _latest_types(chunks, relation)
+    return pa.concat_tables([_flatten(c.records.column(image), names, types) for c in chunks])
 
 
 def _cut(ops: np.ndarray, truncate_mode: str) -> tuple[bool, int]:
@@ -413,6 +418,9 @@ def _multiset_plan(events: _Events) -> ChangePlan:
     signs = np.concatenate([np.ones(len(adds), np.int64), -np.ones(len(removes), np.int64)])
     lsns = np.concatenate([events.lsn[adds], events.lsn[removes]])
     rows = np.concatenate([adds, removes])
+    # In record order, so that the last image of a group (``__i`` max) is its latest change.
+    order = np.argsort(rows, kind="stable")
+    images, signs, lsns, rows = images.take(pa.array(order, pa.int64())), signs[order], lsns[order], rows[order]
     grouping = _groupable(images).append_column("__i", pa.array(np.arange(len(rows)), pa.int64()))
     grouping = grouping.append_column(COPIES, pa.array(signs)).append_column(LSN, pa.array(lsns, pa.int64()))
     groups = grouping.group_by(names, use_threads=False).aggregate([(COPIES, "sum"), (LSN, "max"), ("__i", "max")])

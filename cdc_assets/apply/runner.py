@@ -108,5 +108,27 @@ def apply_table(config: Config, table: TableConfig, spark: SparkSession, reader:
     return result
 
 
+def rebuild_table(config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader | None = None) -> TableApplied:
+    """Rewrite one Delta table from the initial snapshot and every change since, up to the
+    checkpoint, in one commit (time travel keeps the old versions)."""
+    started = time.monotonic()
+    reader = reader or ChangeLogReader(config.changelog_path)
+    checkpoint = reader.checkpoint()
+    name = str(table.name)
+    state = checkpoint.tables.get(name) if checkpoint else None
+    if checkpoint is None or state is None:
+        raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog_path} holds nothing for it")
+    target = delta_target(config, table, spark)
+    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_changes(name, upto=checkpoint.lsn)]
+    plan = plan_changes(chunks, state.relation, truncate=table.truncate)
+    if not plan.truncate:
+        raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")
+    counts = write_plan(target, plan, checkpoint.lsn, row_filter=table.row_filter, rebuild=True)
+    result = TableApplied(name, target.path, target.applied_lsn(), plan.records, counts.inserted, counts.updated, counts.deleted)
+    result.delta_version = target.version()
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
 def _lsn(value: int | None) -> str:
     return "none" if value is None else format_lsn(value)

@@ -127,17 +127,23 @@ class DeltaTarget:
         return dict(self.table_properties)
 
     @contextmanager
-    def commit(self, lsn: int) -> Iterator[None]:
+    def commit(self, lsn: int, *, idempotent: bool = True) -> Iterator[None]:
         """Writes inside are one Delta commit recording ``lsn`` as this table's applied LSN; Delta
-        skips them if the table already holds ``lsn`` or later."""
+        skips them if the table already holds ``lsn`` or later.
+
+        ``idempotent=False`` (a rebuild at the LSN the table already holds) writes without the
+        idempotency marker: the table's recorded version stays ``lsn``.
+        """
         conf = self.spark.conf
-        conf.set(TXN_APP_ID, self.app)
-        conf.set(TXN_VERSION, str(lsn))
-        conf.set(USER_METADATA, json.dumps({"cdc_assets_applied_lsn": lsn}))
+        settings = {USER_METADATA: json.dumps({"cdc_assets_applied_lsn": lsn})}
+        if idempotent:
+            settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
+        for key, value in settings.items():
+            conf.set(key, value)
         try:
             yield
         finally:
-            for key in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+            for key in settings:
                 conf.unset(key)
 
 

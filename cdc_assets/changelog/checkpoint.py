@@ -51,6 +51,7 @@ class Checkpoint:
     tables: dict[str, TableState] = field(default_factory=dict)
     prepared: dict[str, PreparedEntry] = field(default_factory=dict)
     snapshot_lsn: int | None = None
+    snapshot_time_us: int | None = None  # when the initial snapshot was taken (µs since 1970, UTC)
 
     def advanced(self, lsn: int, **changes: Any) -> Checkpoint:
         return replace(self, lsn=lsn, **changes)
@@ -62,6 +63,7 @@ class Checkpoint:
             "lsn": self.lsn,
             "lsn_text": format_lsn(self.lsn),
             "snapshot_lsn": self.snapshot_lsn,
+            "snapshot_time_us": self.snapshot_time_us,
             "tables": {
                 name: {
                     "last_change_lsn": state.last_change_lsn,
@@ -92,6 +94,7 @@ class Checkpoint:
             slot=str(data["slot"]),
             lsn=int(data["lsn"]),
             snapshot_lsn=data.get("snapshot_lsn"),
+            snapshot_time_us=data.get("snapshot_time_us"),
             tables={
                 name: TableState(int(s["last_change_lsn"]), int(s["schema_version"]), RelationSchema.from_json(s["relation"]))
                 for name, s in data.get("tables", {}).items()

@@ -42,26 +42,31 @@ class ExportedSnapshot:
     two_phase: bool
 
 
-def create_slot_command(slot: str, major: int, two_phase: bool) -> str:
-    """The replication command creating ``slot`` with an exported snapshot on a server version."""
+def create_slot_command(slot: str, major: int, two_phase: bool, temporary: bool = False) -> str:
+    """The replication command creating ``slot`` with an exported snapshot on a server version
+    (``temporary``: dropped when the creating connection closes)."""
+    kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
     if major >= 15:
         options = "SNAPSHOT 'export', TWO_PHASE true" if two_phase else "SNAPSHOT 'export'"
-        return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} LOGICAL pgoutput ({options})"
+        return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} {kind} pgoutput ({options})"
     if two_phase:
         raise ConfigError(f"source.two_phase: two-phase decoding needs PostgreSQL 15 or later (the server is {major})")
-    return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} LOGICAL pgoutput EXPORT_SNAPSHOT"
+    return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} {kind} pgoutput EXPORT_SNAPSHOT"
 
 
 @contextmanager
-def create_slot_with_snapshot(config: SourceConfig) -> Iterator[ExportedSnapshot]:
+def create_slot_with_snapshot(config: SourceConfig, *, temporary: bool = False) -> Iterator[ExportedSnapshot]:
     """Create the slot; the exported snapshot stays importable while the context is open.
+
+    A ``temporary`` slot (a consistent point and snapshot to compare against, nothing more) is
+    dropped by the server when the context ends.
 
     Creating a logical slot waits until every transaction running at that moment has finished
     (a long-running or idle-in-transaction session blocks it). The walsender connection stays
     open and idle inside the context: any further command on it would end the snapshot.
     """
     with connect(config, purpose="create-slot", replication=True) as conn:
-        command = create_slot_command(config.slot, server_major(conn), config.two_phase)
+        command = create_slot_command(config.slot, server_major(conn), config.two_phase and not temporary, temporary)
         try:
             _, consistent_point, snapshot_name, _ = conn.execute(command).fetchone()
         except errors.InsufficientPrivilege as error:

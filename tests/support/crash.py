@@ -276,7 +276,8 @@ class Workload:
 
 
 class WriterThread(threading.Thread):
-    """Runs a :class:`Workload` at about ``rate`` transactions per second until stopped."""
+    """Runs a :class:`Workload` at about ``rate`` transactions per second until stopped;
+    :meth:`burst` asks for that many more transactions as fast as the server takes them."""
 
     def __init__(self, workload: Workload, rate: float) -> None:
         super().__init__(name="crash-writer", daemon=True)
@@ -284,16 +285,33 @@ class WriterThread(threading.Thread):
         self.rate = rate
         self.stopping = threading.Event()
         self.error: BaseException | None = None
+        self._credit = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+
+    def burst(self, n: int) -> None:
+        with self._lock:
+            self._credit += n
+        self._wake.set()
 
     def run(self) -> None:
         next_at = time.monotonic()
         try:
             while not self.stopping.is_set():
                 self.workload.transact()
+                with self._lock:
+                    bursting = self._credit > 0
+                    if bursting:
+                        self._credit -= 1
+                if bursting:
+                    next_at = time.monotonic()
+                    continue
                 next_at += 1.0 / self.rate
                 delay = next_at - time.monotonic()
                 if delay > 0:
-                    self.stopping.wait(delay)  # pacing the workload, not synchronisation
+                    self._wake.clear()
+                    if self._wake.wait(delay):  # pacing the workload, not synchronisation
+                        next_at = time.monotonic()  # woken for a burst
                 else:
                     next_at = time.monotonic()
         except BaseException as error:  # noqa: BLE001 - reported by stop()
@@ -305,6 +323,7 @@ class WriterThread(threading.Thread):
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake.set()
         self.join(timeout=60)
         assert not self.is_alive(), "the writer did not stop"
         self.check()
@@ -322,13 +341,14 @@ class LogState:
     orphans: list[str]  # segments not (yet) covered by the checkpoint: batch start >= checkpoint
     litter: list[str]  # any other file that is neither the checkpoint nor a segment
     last_batch_start: int  # start (the previous checkpoint) of the newest batch the checkpoint covers
+    new_litter: list[str]  # litter not in the ``known_litter`` given to :func:`log_state`
 
     @property
     def where(self) -> str:
         """Where a kill landed, judged from what it left."""
         if self.confirmed_flush < self.checkpoint_lsn:
             return "checkpoint written, slot not advanced"
-        if any(name.startswith(CHECKPOINT + ".tmp") for name in self.litter):
+        if any(name.startswith(CHECKPOINT + ".tmp") for name in self.new_litter):
             return "checkpoint being replaced"
         if self.orphans:
             return "batch files being written"
@@ -339,7 +359,7 @@ def log_files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-def log_state(root: Path, confirmed_flush: int) -> LogState:
+def log_state(root: Path, confirmed_flush: int, known_litter: frozenset[str] | set[str] = frozenset()) -> LogState:
     checkpoint = ChangeLogReader(str(root)).checkpoint()
     assert checkpoint is not None, f"{root} has no checkpoint"
     orphans, litter = [], []
@@ -358,7 +378,8 @@ def log_state(root: Path, confirmed_flush: int) -> LogState:
             orphans.append(name)
         elif folder == TRANSACTIONS:
             last_batch_start = max(last_batch_start, segment.batch_start)
-    return LogState(checkpoint.lsn, confirmed_flush, orphans, litter, last_batch_start)
+    new_litter = [name for name in litter if name not in known_litter]
+    return LogState(checkpoint.lsn, confirmed_flush, orphans, litter, last_batch_start, new_litter)
 
 
 class LogTracker:

@@ -43,6 +43,10 @@ both sides are exact Arrow/Python values of the same type (no float rounding, no
 JSON re-serialisation, no Decimal/scale games) and a difference is a difference in the data the
 log carried, never in how two libraries render a value. What this cannot catch is a converter that
 maps two different texts to the same value; the value converters have their own server tests.
+Floats compare by their exact bits (``-0.0`` is not ``0.0``; NaN equals NaN).
+
+``SELECT *`` shows every column; the log holds published columns only, so compare tables without
+column lists and, before PostgreSQL 18, without generated columns.
 """
 
 from __future__ import annotations
@@ -333,9 +337,10 @@ def _take_equal(bag: list[Row], old: Row | None) -> Row | None:
 
 
 def freeze(value: Any) -> Any:
-    """A hashable, self-equal form of a value (lists → tuples, dicts → item tuples, NaN → a tag)."""
-    if isinstance(value, float) and math.isnan(value):
-        return ("NaN",)
+    """A hashable, self-equal, exact form of a value: lists → tuples, dicts → item tuples, floats
+    → their hex form (NaN equals NaN, -0.0 differs from 0.0)."""
+    if isinstance(value, float):
+        return ("float", value.hex() if not math.isnan(value) else "nan")
     if isinstance(value, list):
         return tuple(freeze(v) for v in value)
     if isinstance(value, dict):

@@ -1,0 +1,80 @@
+"""Change history: every change of a table as an append-only Delta table, partitioned by commit day.
+
+One row per change (snapshot rows are not changes): the operation, LSNs, position, xid, commit
+time, the ``before`` image (the old key or old row when PostgreSQL sent one) and the ``after``
+image, and the columns sent as unchanged TOAST. A day is written with ``replaceWhere`` on its
+partition, so writing a day again — a backfill, a retry — gives the same partition.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, time, timedelta, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+
+from cdc_assets.apply.planner import RecordChunk, latest_images
+from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.pgoutput.schema import RelationSchema
+
+DAY = "commit_day"
+_CHANGE_COLUMNS = ["_cdc_op", "_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_position", "_cdc_xid", "_cdc_commit_time",
+                   "_cdc_old_kind", "_cdc_unchanged"]  # fmt: skip
+
+
+def history_rows(reader: ChangeLogReader, table: str, relation: RelationSchema, day: date) -> pa.Table:
+    """The changes of ``table`` committed on ``day`` (UTC), in commit order."""
+    start = datetime.combine(day, time(), tzinfo=timezone.utc)
+    end = start + timedelta(days=1)
+    chunks = []
+    for chunk in reader.read_changes(table):
+        records = chunk.records
+        when = records.column("_cdc_commit_time")
+        keep = pc.and_(
+            pc.and_(pc.greater_equal(when, pa.scalar(start, when.type)), pc.less(when, pa.scalar(end, when.type))),
+            pc.not_equal(records.column("_cdc_op"), "snapshot"),
+        )
+        records = records.filter(keep)
+        if records.num_rows:
+            chunks.append(RecordChunk(chunk.relation, records))
+    if not chunks:
+        return pa.table({})
+    before = _image(chunks, relation, "old")
+    after = _image(chunks, relation, "new")
+    changes = pa.concat_tables([c.records.select(_CHANGE_COLUMNS) for c in chunks])
+    days = pa.array([day] * changes.num_rows, pa.date32())
+    return changes.append_column("before", before).append_column("after", after).append_column(DAY, days)
+
+
+def write_history(spark: SparkSession, path: str, rows: pa.Table, day: date, table_properties: dict[str, str]) -> int:
+    """Replace the ``day`` partition of the history table at ``path`` with ``rows``; returns the row count."""
+    if rows.num_rows:
+        converted = to_delta_arrow(rows)
+        frame = spark.createDataFrame(converted, schema=spark_schema(converted.schema))
+    elif DeltaTable.isDeltaTable(spark, path):
+        frame = spark.read.format("delta").load(path).limit(0)  # clears the day
+    else:
+        return 0  # nothing to write and no table to clear
+    writer = (
+        frame.write.format("delta")
+        .mode("overwrite")
+        .partitionBy(DAY)
+        .option("replaceWhere", f"{DAY} = DATE'{day.isoformat()}'")
+        .option("mergeSchema", "true")
+    )
+    for key, value in table_properties.items():
+        writer = writer.option(key, value)
+    writer.save(path)
+    return rows.num_rows
+
+
+def _image(chunks: list[RecordChunk], relation: RelationSchema, image: str) -> pa.StructArray:
+    """The ``image`` struct of every record, in the latest columns, null where the record has none."""
+    flat = latest_images(chunks, relation, image)
+    absent = pa.concat_arrays([c.records.column(image).combine_chunks().is_null() for c in chunks])
+    return pa.StructArray.from_arrays(
+        [flat.column(name).combine_chunks() for name in flat.column_names], names=flat.column_names, mask=absent
+    )

@@ -1,0 +1,196 @@
+"""Assets: the change log (the drain), one mirror Delta table per source table, per-table change
+history partitioned by commit day, and a rebuild partitioned by table.
+
+Keys: ``cdc/changelog``; ``delta/<schema>/<table>``; ``history/<schema>/<table>``; ``cdc/rebuild``.
+Pools keep one drain per slot and one writer per Delta table at a time (set the pools' limit to 1:
+``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
+"""
+
+
+from datetime import datetime
+
+import dagster as dg
+from dagster import AssetExecutionContext
+
+from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.config import Config, TableConfig
+from cdc_assets.drain import DrainProgress, DrainResult, drain
+from cdc_assets.errors import CdcError
+from cdc_assets.history import history_rows, write_history
+from cdc_assets.lsn import format_lsn
+from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.settings import Settings
+
+CHANGELOG_KEY = dg.AssetKey(["cdc", "changelog"])
+REBUILD_KEY = dg.AssetKey(["cdc", "rebuild"])
+
+
+def table_slug(table: TableConfig) -> str:
+    """``schema__table``: a name fit for Dagster pools, sensors and jobs."""
+    return f"{table.name.schema}__{table.name.name}".replace(".", "_").replace("-", "_")
+
+
+def mirror_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey(["delta", table.name.schema, table.name.name])
+
+
+def history_key(table: TableConfig) -> dg.AssetKey:
+    return dg.AssetKey(["history", table.name.schema, table.name.name])
+
+
+def table_pool(table: TableConfig) -> str:
+    return f"cdc_table__{table_slug(table)}"
+
+
+def history_path(config: Config, table: TableConfig) -> str:
+    return f"{config.warehouse_path.rstrip('/')}/_cdc_history/{table.name.schema}/{table.name.name}"
+
+
+def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
+    slot = settings.config.source.slot
+
+    @dg.asset(
+        key=CHANGELOG_KEY,
+        group_name="cdc",
+        pool=f"cdc_drain__{slot}",
+        kinds={"postgres", "parquet"},
+        description=(
+            f"Drains replication slot {slot} into the change log at {settings.config.changelog_path}: committed"
+            " transactions as Parquet segments, then the checkpoint, then the slot advance (exactly once)."
+        ),
+    )
+    def changelog(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult:
+        def log(progress: DrainProgress) -> None:
+            context.log.info(
+                f"batch {progress.batches}: {progress.transactions:,} transactions, {progress.changes:,} changes,"
+                f" checkpoint {format_lsn(progress.checkpoint_lsn)} of {format_lsn(progress.target_lsn)}"
+            )
+
+        result = drain(source.config(), wait=True, progress=log)
+        return dg.MaterializeResult(metadata=drain_metadata(result))
+
+    return changelog
+
+
+def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
+    slot = result.slot
+    lag = slot.lag_bytes if slot and slot.lag_bytes is not None else 0
+    metadata: dict[str, dg.MetadataValue] = {
+        "transactions": dg.MetadataValue.int(result.transactions),
+        "changes": dg.MetadataValue.int(result.total_changes),
+        "batches": dg.MetadataValue.int(result.batches),
+        "checkpoint_lsn": dg.MetadataValue.text(format_lsn(result.checkpoint_lsn)),
+        "slot_lag_bytes": dg.MetadataValue.int(lag),
+        "slot_lag_mb": dg.MetadataValue.float(round(lag / 1e6, 3)),
+        "wal_status": dg.MetadataValue.text(str(slot.wal_status if slot else "unknown")),
+        "duration_s": dg.MetadataValue.float(round(result.elapsed_s, 3)),
+    }
+    for table, count in sorted(result.changes.items()):
+        metadata[f"changes/{table}"] = dg.MetadataValue.int(count)
+    return metadata
+
+
+def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefinition:
+    name = str(table.name)
+
+    @dg.asset(
+        key=mirror_key(table),
+        deps=[CHANGELOG_KEY],
+        group_name="mirror",
+        pool=table_pool(table),
+        kinds={"delta", "spark"},
+        description=f"Delta mirror of {name} at {settings.config.target_path(table)}, merged from the change log.",
+        metadata={"source_table": name, "dagster/uri": settings.config.target_path(table)},
+    )
+    def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult:
+        config = source.config()
+        reader = ChangeLogReader(config.changelog_path)
+        checkpoint = reader.checkpoint()
+        if checkpoint is None:
+            raise CdcError(f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first")
+        session = spark.session()
+        result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
+        context.log.info(result.summary())
+        return dg.MaterializeResult(metadata=table_metadata(result, _row_count(session, config, table)))
+
+    return mirror
+
+
+def table_metadata(result: TableApplied, rows: int | None) -> dict[str, dg.MetadataValue]:
+    metadata: dict[str, dg.MetadataValue] = {
+        "inserted": dg.MetadataValue.int(result.inserted),
+        "updated": dg.MetadataValue.int(result.updated),
+        "deleted": dg.MetadataValue.int(result.deleted),
+        "change_records": dg.MetadataValue.int(result.records),
+        "applied_lsn": dg.MetadataValue.text(format_lsn(result.applied_lsn) if result.applied_lsn is not None else "none"),
+        "delta_version": dg.MetadataValue.int(result.delta_version if result.delta_version is not None else -1),
+        "dagster/uri": dg.MetadataValue.path(result.path),
+    }
+    if rows is not None:
+        metadata["dagster/row_count"] = dg.MetadataValue.int(rows)
+    if result.skipped:
+        metadata["skipped"] = dg.MetadataValue.text(result.skipped)
+    return metadata
+
+
+def _row_count(session: object, config: Config, table: TableConfig) -> int | None:
+    target = delta_target(config, table, session)  # type: ignore[arg-type]
+    return target.read().count() if target.exists() else None
+
+
+def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
+    tables = dg.StaticPartitionsDefinition([str(t.name) for t in settings.config.tables])
+
+    @dg.asset(
+        key=REBUILD_KEY,
+        deps=[CHANGELOG_KEY],
+        partitions_def=tables,
+        group_name="cdc",
+        kinds={"delta", "spark"},
+        description=(
+            "Rebuilds mirror tables from the initial snapshot and the whole change log (partition = table)."
+            " Launch a backfill over the tables to rebuild."
+        ),
+    )
+    def rebuild(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult:
+        config = source.config()
+        table = config.table(context.partition_key)
+        session = spark.session()
+        result = rebuild_table(config, table, session)
+        context.log.info(f"rebuilt {result.summary()}")
+        metadata = table_metadata(result, _row_count(session, config, table))
+        context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata={**metadata, "rebuilt": True}))
+        return dg.MaterializeResult(metadata=metadata)
+
+    return rebuild
+
+
+def build_history_asset(settings: Settings, table: TableConfig, start: datetime) -> dg.AssetsDefinition:
+    name = str(table.name)
+
+    @dg.asset(
+        key=history_key(table),
+        deps=[CHANGELOG_KEY],
+        partitions_def=dg.DailyPartitionsDefinition(start_date=start.strftime("%Y-%m-%d"), timezone="UTC"),
+        group_name="history",
+        pool=f"cdc_history__{table_slug(table)}",
+        kinds={"delta", "spark"},
+        description=f"Every change of {name} (operation, LSNs, commit time, before and after), by commit day.",
+        metadata={"dagster/uri": history_path(settings.config, table)},
+    )
+    def history(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult:
+        config = source.config()
+        reader = ChangeLogReader(config.changelog_path)
+        checkpoint = reader.checkpoint()
+        state = checkpoint.tables.get(name) if checkpoint else None
+        if state is None:
+            raise CdcError(f"the change log at {config.changelog_path} holds nothing for {name}")
+        day = context.partition_time_window.start.date()
+        rows = history_rows(reader, name, state.relation, day)
+        written = write_history(spark.session(), history_path(config, table), rows, day, config.warehouse_table_properties)
+        return dg.MaterializeResult(
+            metadata={"dagster/partition_row_count": dg.MetadataValue.int(written), "day": dg.MetadataValue.text(day.isoformat())}
+        )
+
+    return history

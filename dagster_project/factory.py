@@ -1,0 +1,52 @@
+"""Everything the code location holds, built from the configuration file."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import dagster as dg
+
+from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import LogStore
+from dagster_project.assets import build_changelog_asset, build_history_asset, build_mirror_asset, build_rebuild_asset
+from dagster_project.automation import build_drain_schedule, build_table_sensor
+from dagster_project.checks import build_lag_check, build_parity_check
+from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.settings import Settings
+
+
+def build_definitions(settings: Settings) -> dg.Definitions:
+    """The drain asset and schedule; per table a mirror asset, a sensor, a history asset and
+    checks; the rebuild asset; the resources."""
+    config = settings.config
+    changelog = build_changelog_asset(settings)
+    start = _history_start(settings)
+    mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
+    return dg.Definitions(
+        assets=[
+            changelog,
+            build_rebuild_asset(settings),
+            *mirrors.values(),
+            *(build_history_asset(settings, table, start) for table in config.tables),
+        ],
+        asset_checks=[
+            check for table in config.tables for check in (build_parity_check(settings, table), build_lag_check(settings, table))
+        ],
+        schedules=[build_drain_schedule(settings, changelog)],
+        sensors=[build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables],
+        resources={
+            "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),
+            "spark": SparkResource(master=config.spark.master, remote=config.spark.remote, conf=config.spark.conf),
+        },
+    )
+
+
+def _history_start(settings: Settings) -> datetime:
+    """The day of the initial snapshot (history partitions start there); today before setup."""
+    checkpoint = read_checkpoint(LogStore(settings.config.changelog_path))
+    moment = (
+        datetime.fromtimestamp(checkpoint.snapshot_time_us / 1e6, tz=timezone.utc)
+        if checkpoint and checkpoint.snapshot_time_us
+        else datetime.now(timezone.utc)
+    )
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)

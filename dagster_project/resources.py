@@ -1,0 +1,35 @@
+"""Dagster resources: the source (DSN from the environment) and the Spark session."""
+
+
+from typing import Any
+
+import dagster as dg
+
+from cdc_assets.apply.session import spark_session
+from cdc_assets.config import Config, SparkConfig
+from dagster_project.settings import load_settings
+
+
+class CdcSource(dg.ConfigurableResource):
+    """The cdc-assets configuration file, with the source DSN resolved at launch (``EnvVar``)."""
+
+    config_path: str
+    dsn: str
+
+    def config(self) -> Config:
+        return load_settings(self.config_path).with_dsn(self.dsn)
+
+
+class SparkResource(dg.ConfigurableResource):
+    """A Spark session with Delta: ``master`` (``local[2]``, ``spark://…``) or ``remote`` (Spark
+    Connect). The session lives as long as the run's process."""
+
+    master: str | None = None
+    remote: str | None = None
+    conf: dict[str, str] = {}
+
+    def session(self) -> Any:
+        session = spark_session(SparkConfig(master=self.master, remote=self.remote, conf=dict(self.conf)))
+        if not self.remote:
+            session.sparkContext.setLogLevel("ERROR")
+        return session

@@ -3,12 +3,16 @@
     python benchmarks/drain.py [--pg 16] [--part all|rate|rss] [--transactions 260000] [--repeat 3]
                                [--rows 2000000] [--json out.json]
 
-rate: ``pgbench -i``, then ``cdc_assets.setup.setup`` for ``--repeat`` (+1 for profiling) configs
-      in a temporary folder (one slot and change log each, same publication, default
-      ``batch_changes``), then ``pgbench -n -c 2`` (4 changes per transaction). For each slot:
-      the bare peek fetch of the whole slot range (``SlotReader.peek``, the drain's query and
-      cursor, nothing per row) three times, then ``cdc_assets.drain.drain`` of that slot.
-      Requirement: drain changes/s >= 0.5 x fetch changes/s over the same range.
+rate: ``pgbench -i``, then ``cdc_assets.setup.setup`` for ``--repeat`` + 3 configs in a temporary
+      folder (one slot and change log each, same publication, default ``batch_changes``), then
+      ``pgbench -n -c 2`` (4 changes per transaction). For each of the ``--repeat`` slots: the bare
+      peek fetch of the whole slot range (``SlotReader.peek``, the drain's query and cursor, nothing
+      per row) ``--fetches`` times, then ``cdc_assets.drain.drain`` of that slot.
+      Requirement: drain changes/s >= 0.5 x fetch changes/s over the same range (median of rounds).
+      Then, to show where the time goes: one drain under phase timers (library methods wrapped for
+      the duration: server time to first row, row fetch, feed_rows work, writer close, advance, ...),
+      the same with ``batch_changes: --big-batch``, and one under cProfile (if the rate fails or
+      with ``--profile``).
 rss:  a 7-column table, two slots per mode (``source.streaming`` off and on), one
       ``INSERT … SELECT … FROM generate_series(1, --rows)`` transaction, then each slot drained in
       a subprocess whose RSS is sampled with psutil every 10 ms; the child also reports its own

@@ -82,6 +82,17 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     status = command("status", "slot position and lag, checkpoint, applied LSN per table", _status)
     status.add_argument("--json", action="store_true", help="print JSON")
+    demo = commands.add_parser(
+        "demo",
+        help="the embedded default: a throwaway PostgreSQL, a workload, the whole pipeline, a parity check",
+        description="Runs the whole pipeline on a throwaway PostgreSQL and ends with `parity OK` when every Delta"
+        " table equals its source. With --ui, opens the Dagster UI on a folder a demo left.",
+    )
+    demo.add_argument("--dir", default="cdc-demo", help="folder for the demo's data (default: ./cdc-demo)")
+    demo.add_argument("--force", action="store_true", help="replace the folder if it is not empty")
+    demo.add_argument("--ui", action="store_true", help="open the Dagster UI on the folder of an earlier demo")
+    demo.add_argument("--port", type=int, default=3000, help="port of the Dagster UI (with --ui; default 3000)")
+    demo.set_defaults(run=_demo)
     return parser
 
 
@@ -155,6 +166,16 @@ def _sync(args: argparse.Namespace) -> int:
     config = _config(args)
     _drain(args, config)
     return _apply(args, config)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dagster_project.demo.run import open_ui, run_demo  # the demo drives Dagster in-process
+
+    if args.ui:
+        return open_ui(Path(args.dir), port=args.port)
+    return 0 if run_demo(Path(args.dir), force=args.force) else 1
 
 
 def _status(args: argparse.Namespace) -> int:

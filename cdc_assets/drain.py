@@ -143,6 +143,10 @@ def drain(
                 _add(result, writer)
             else:
                 writer.abandon()
+                if assembler.completed:
+                    # Every transaction it completed is already in the log: the slot re-sent them
+                    # (it is behind the checkpoint). Move it up, or the next call repeats this one.
+                    reader.advance(checkpoint.lsn)
             result.checkpoint_lsn = checkpoint.lsn
             if progress is not None:
                 progress(

@@ -121,7 +121,7 @@ def _runnable_bin_dir(bin_dir: Path, user: str | None) -> Path:
     ``$ORIGIN/../../../<package>.libs``, so the copy keeps the package folder and its ``.libs``
     sibling in the same relative places.
     """
-    if user is None or _reachable_by_others(bin_dir / "postgres"):
+    if user is None or reachable_by_others(bin_dir / "postgres"):
         return bin_dir
     install = bin_dir.parent
     package = install.parent
@@ -143,7 +143,7 @@ def _runnable_bin_dir(bin_dir: Path, user: str | None) -> Path:
     return copy / package.name / install.name / "bin"
 
 
-def _reachable_by_others(path: Path) -> bool:
+def reachable_by_others(path: Path) -> bool:
     """Whether every folder above ``path`` is searchable and the file executable by others."""
     for parent in [path, *path.parents]:
         mode = parent.stat().st_mode
@@ -157,6 +157,9 @@ class ThrowawayCluster:
     """A PostgreSQL server in a temporary folder, removed on :meth:`stop`.
 
     ``with ThrowawayCluster(16) as pg: psycopg.connect(pg.dsn())``
+
+    With ``root`` the cluster lives in that folder instead (created if missing; a cluster already
+    there is started again, on a free port) and ``keep=True`` leaves it there when stopped.
     """
 
     major: int | None = None
@@ -194,21 +197,28 @@ class ThrowawayCluster:
 
     def start(self) -> None:
         self._user = _server_user()
+        existing = self.root is not None and (self.root / "data" / "PG_VERSION").exists()
+        if existing:
+            assert self.root is not None
+            self.major = int((self.root / "data" / "PG_VERSION").read_text().strip())
         self.bin_dir = _runnable_bin_dir(self.bin_dir or find_bin_dir(self.major), self._user)
-        self.root = Path(tempfile.mkdtemp(prefix="cdcpg-"))
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="cdcpg-"))
+        self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o755)
-        self.socket_dir.mkdir()
+        self.socket_dir.mkdir(exist_ok=True)
         if self._user is not None:
             entry = pwd.getpwnam(self._user)
             for path in (self.root, self.socket_dir):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-        self._run(
-            "initdb", "-D", str(self.data_dir), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-            "--locale=C", "--no-sync",
-        )
+        if not existing:
+            self._run(
+                "initdb", "-D", str(self.data_dir), "-U", "postgres", "-A", "trust", "-E", "UTF8",
+                "--locale=C", "--no-sync",
+            )
         self.version = int((self.data_dir / "PG_VERSION").read_text().strip())
         self.port = _free_port()
-        conf = {
+        conf = {"port": str(self.port)} if existing else {
             **DEFAULT_SETTINGS,
             "port": str(self.port),
             "listen_addresses": "'127.0.0.1'",
@@ -216,7 +226,7 @@ class ThrowawayCluster:
             **self.settings,
         }
         with open(self.data_dir / "postgresql.auto.conf", "a", encoding="utf-8") as auto:
-            for key, value in conf.items():
+            for key, value in conf.items():  # later lines win: a restart just appends its new port
                 auto.write(f"{key} = {value}\n")
         self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
 
@@ -224,7 +234,8 @@ class ThrowawayCluster:
         if self.root is None:
             return
         if (self.data_dir / "postmaster.pid").exists():
-            self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop", check=False)
+            mode = "fast" if self.keep else "immediate"  # a kept cluster shuts down cleanly
+            self._run("pg_ctl", "-D", str(self.data_dir), "-m", mode, "-w", "stop", check=False)
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
         self.root = None

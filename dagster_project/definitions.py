@@ -1,10 +1,16 @@
-"""Code location entry point: everything under ``dagster_project/defs`` is loaded."""
+"""Code location entry point: the pipeline built from the configuration file.
 
-from pathlib import Path
+``dg dev`` / ``dg check defs`` from the repository root, or ``dagster dev -m
+dagster_project.definitions`` anywhere the package is installed. The file is ``$CDC_CONFIG`` or
+``./cdc.yaml``.
+"""
 
 import dagster as dg
+
+from dagster_project.factory import build_definitions
+from dagster_project.settings import load_settings
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+    return build_definitions(load_settings())

@@ -5,7 +5,7 @@ from typing import Any
 
 import dagster as dg
 
-from cdc_assets.apply.session import spark_session
+from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.config import Config, SparkConfig
 from dagster_project.settings import load_settings
 
@@ -29,7 +29,8 @@ class SparkResource(dg.ConfigurableResource):
     conf: dict[str, str] = {}
 
     def session(self) -> Any:
-        session = spark_session(SparkConfig(master=self.master, remote=self.remote, conf=dict(self.conf)))
+        with quiet_start():
+            session = spark_session(SparkConfig(master=self.master, remote=self.remote, conf=dict(self.conf)))
         if not self.remote:
             session.sparkContext.setLogLevel("ERROR")
         return session

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from cdc_assets.errors import (
@@ -213,15 +214,20 @@ def test_setup_resumes_after_a_killed_setup(pg: Database, tmp_path: Path) -> Non
     ), foreign.stderr
     assert pipe.confirmed_flush() is not None and pipe.checkpoint() is None  # the slot is still there
 
-    old_slot = pg.execute("SELECT xmin, catalog_xmin::text FROM pg_replication_slots WHERE slot_name = 'cdc_slot'")
+    old_confirmed = pipe.confirmed_flush()
     leftover = Path(pipe.changelog, "tables", "public.t", "0000000000000000-0000.parquet")
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"half-written")
+    stray = Path(pipe.changelog, "transactions", "0000000000000000-0000.parquet")
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"half-written")
     Path(pipe.changelog, "_setup.json").write_text('{"slot": "cdc_slot"}')
     pg.execute("INSERT INTO t VALUES (2, 'b')")
     result = pipe.setup()
+    # A new slot (its consistent point is past the insert) and a new snapshot that holds the insert.
     assert result.created_slot and result.rows == {"public.t": 2}
-    assert pg.execute("SELECT catalog_xmin::text FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") != [old_slot[0][1:]]
+    assert pipe.confirmed_flush() == result.snapshot_lsn == pipe.checkpoint().lsn > old_confirmed
+    assert pq.read_table(leftover).num_rows == 2 and not stray.exists()
     assert not Path(pipe.changelog, "_setup.json").exists()
     pg.execute("UPDATE t SET v = 'c' WHERE id = 2")
     pipe.drain()

@@ -160,6 +160,10 @@ def _merge_multiset(
 ) -> MergeCounts:
     """Delete every copy of each changed row and insert its final number of copies."""
     names = list(plan.key)
+    if filtered:
+        # The row is its own key: one that does not match the filter was never in the table
+        # (and never will be), so its copies are neither counted nor written.
+        source = source.filter(F.col(MATCH))
     table = target.read()
     existing = (
         table.alias("t").join(source.select(*names).alias("s"), F.expr(_null_safe("t", "s", names)), "left_semi")
@@ -176,8 +180,6 @@ def _merge_multiset(
             " the table is out of step with the log (rebuild it)"
         )
     keep = F.col("_cdc_final") > 0
-    if filtered:
-        keep = keep & F.col(MATCH)
     deletes = final.select(*names, *[F.lit(None).alias(c) for c in columns if c not in names]).withColumn(KIND, F.lit("delete"))
     inserts = (
         final.filter(keep)

@@ -43,12 +43,27 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.showConsoleProgress": "false",
     }
+    master = config.master or "local[2]"
+    if master.startswith("local"):
+        # Delta rebuilds a table's state (its file list) with this many tasks on every new
+        # version; the default (50) makes each read and MERGE of a small table take tens of
+        # seconds on a few local cores.
+        settings["spark.databricks.delta.snapshotPartitions"] = str(_local_cores(master))
     if "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
         settings["spark.jars.packages"] = delta_package()
     if not os.environ.get("HOME"):
         settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
     settings.update(config.conf)
     return settings
+
+
+def _local_cores(master: str) -> int:
+    """The worker threads of a ``local``, ``local[N]``, ``local[*]`` or ``local[N,F]`` master."""
+    inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
+    first = inside.split(",")[0].strip()
+    if first == "*":
+        return os.cpu_count() or 1
+    return max(int(first), 1) if first.isdigit() else 1
 
 
 def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSession:

@@ -26,7 +26,7 @@ from cdc_assets.changelog.layout import (
     table_folder,
     table_of_folder,
 )
-from cdc_assets.changelog.store import LogStore
+from cdc_assets.changelog.store import TEMPORARY_MARK, LogStore
 from cdc_assets.changelog.writer import RELATION_KEY
 from cdc_assets.pgoutput.schema import RelationSchema
 
@@ -85,7 +85,7 @@ class ChangeLogReader:
             end = records.column("_cdc_end_lsn")
             keep = pc.and_(pc.greater(end, after), pc.less_equal(end, limit))
             records = records.filter(keep).replace_schema_metadata(None)
-            if records.num_rows:
+            if records.num_rows or parquet.metadata.num_rows == 0:  # an empty segment still gives the schema
                 yield ChangeChunk(RelationSchema.from_json(metadata), int(metadata["schema_version"]), records)
 
     def transactions(self, after: int = -1, upto: int | None = None) -> pa.Table:
@@ -97,8 +97,9 @@ class ChangeLogReader:
         return self._read_log(MESSAGES, "lsn", after, upto)
 
     def remove_stale(self) -> None:
-        """Delete what no checkpoint covers: files of a batch that died before its checkpoint and
-        prepared transactions already resolved. Call only while holding the drain lock."""
+        """Delete what no checkpoint covers: files of a batch that died before its checkpoint,
+        prepared transactions already resolved, and temporary files of an interrupted replace.
+        Call only while holding the drain lock."""
         checkpoint = self.checkpoint()
         position = checkpoint.lsn if checkpoint else 0
         for folder in [table_folder(t) for t in self.tables()] + [TRANSACTIONS, MESSAGES]:
@@ -110,6 +111,9 @@ class ChangeLogReader:
         for folder in self.store.folders(PREPARED):
             if folder not in live:
                 self.store.delete_folder(folder)
+        for path in self.store.list(""):
+            if TEMPORARY_MARK in path:  # a replace (checkpoint, setup marker) killed before its rename
+                self.store.delete(path)
 
     def _limit(self, upto: int | None) -> int:
         if upto is not None:

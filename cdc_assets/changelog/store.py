@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+TEMPORARY_MARK = ".tmp-"  # in the name of a file being replaced
 
 
 class LogStore:
@@ -83,7 +84,7 @@ class LogStore:
                 stream.write(data)
             return
         path = self.path(name)
-        temporary = f"{path}.tmp-{os.getpid()}"
+        temporary = f"{path}{TEMPORARY_MARK}{os.getpid()}"
         with self.create(os.path.relpath(temporary, self._base)) as handle:
             handle.write(data)
         os.replace(temporary, path)

@@ -31,17 +31,26 @@ from typing import Any
 import psycopg
 import pyarrow.parquet as pq
 
-from cdc_assets.changelog.layout import CHECKPOINT, MESSAGES, TABLES, TRANSACTIONS, SegmentName
+from cdc_assets.changelog.layout import (
+    CHECKPOINT,
+    MESSAGES,
+    TABLES,
+    TRANSACTIONS,
+    SegmentName,
+)
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.lsn import format_lsn
 
 EVENTS = "public.events"
 LEDGER = "public.ledger"
 INITIAL_ROWS = 200
+BATCH_FILES = "batch files being written"
 
 SCHEMA_SQL = (
-    "CREATE TABLE events (id bigint PRIMARY KEY, seq bigint NOT NULL, payload text NOT NULL,"
-    " version int NOT NULL DEFAULT 0)",
+    (
+        "CREATE TABLE events (id bigint PRIMARY KEY, seq bigint NOT NULL, payload text NOT NULL,"
+        " version int NOT NULL DEFAULT 0)"
+    ),
     "CREATE TABLE ledger (seq bigint PRIMARY KEY, xid bigint NOT NULL, changes int NOT NULL)",
     f"INSERT INTO events (id, seq, payload) SELECT g, 0, 'initial ' || g FROM generate_series(1, {INITIAL_ROWS}) g",
 )
@@ -95,8 +104,33 @@ def run_cli(config: Path, dsn: str, *args: str, fault: str | None = None, timeou
     """``python -m cdc_assets <args> -c <config>`` to its end."""
     return subprocess.run(
         [sys.executable, "-m", "cdc_assets", *args, "-c", str(config)],
-        env=_env(dsn, fault), cwd=config.parent, capture_output=True, text=True, timeout=timeout,
+        check=False, env=_env(dsn, fault), cwd=config.parent, capture_output=True, text=True, timeout=timeout,
     )
+
+
+def drain_to_end(config: Path, dsn: str, slot: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """A drain that must finish by itself (they take seconds here): a clear failure if it does not."""
+    try:
+        result = run_cli(config, dsn, "drain", timeout=timeout)
+    except subprocess.TimeoutExpired as error:
+        progress = error.stderr.decode() if isinstance(error.stderr, bytes) else (error.stderr or "")
+        checkpoint = ChangeLogReader(str(config.parent / "changelog")).checkpoint()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 30
+            while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'cdc-assets:%'").fetchone()[0]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            row = conn.execute(
+                "SELECT (confirmed_flush_lsn - '0/0')::int8 FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()
+        raise AssertionError(
+            f"a drain did not finish in {timeout:.0f} s (killed): livelock? checkpoint"
+            f" {format_lsn(checkpoint.lsn) if checkpoint else None}, slot confirmed"
+            f" {format_lsn(row[0]) if row else None}; its last progress lines:\n{progress[-600:]}"
+        ) from None
+    assert result.returncode == 0, describe(result)
+    return result
 
 
 def start_drain(config: Path, dsn: str, fault: str | None = None) -> subprocess.Popen[str]:
@@ -351,12 +385,16 @@ class LogState:
         if any(name.startswith(CHECKPOINT + ".tmp") for name in self.new_litter):
             return "checkpoint being replaced"
         if self.orphans:
-            return "batch files being written"
-        return "between batches (nothing half-done)"
+            return BATCH_FILES
+        return "peeking, or between batches (no batch file yet)"
 
 
 def log_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    found = []
+    for folder, _, files in os.walk(root):
+        relative = os.path.relpath(folder, root)
+        found.extend(name if relative == "." else f"{relative}/{name}" for name in files)
+    return sorted(found)
 
 
 def log_state(root: Path, confirmed_flush: int, known_litter: frozenset[str] | set[str] = frozenset()) -> LogState:
@@ -605,5 +643,5 @@ run(["drain", "-c", sys.argv[1]])
 def run_drain_killed_in_checkpoint_replace(config: Path, dsn: str, n: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", _KILL_IN_REPLACE, str(config), str(n)],
-        env=_env(dsn, None), cwd=config.parent, capture_output=True, text=True, timeout=180,
+        check=False, env=_env(dsn, None), cwd=config.parent, capture_output=True, text=True, timeout=180,
     )

@@ -1,1 +1,0 @@
-"""Definitions, one module per domain (filled in as the pipeline grows)."""

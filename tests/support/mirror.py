@@ -1,0 +1,173 @@
+"""A whole pipeline around one test database for the apply tests: a configuration file under a
+temporary folder (per-table ``row_filter`` / ``truncate``), ``setup`` / ``drain`` /
+``apply_tables`` through the library API on the shared Spark session, the CLI in a subprocess,
+and :meth:`Mirror.check`, which reads a Delta table with Spark *and* delta-rs and compares both
+with the source."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cdc_assets.apply.planner import COMMIT_TIME, LSN
+from cdc_assets.apply.runner import TableApplied, apply_tables
+from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.config import Config, TableName, load_config
+from cdc_assets.drain import DrainResult, drain
+from cdc_assets.setup import SetupResult, setup
+from tests.conftest import Database
+from tests.support.delta_read import (
+    delta_columns,
+    delta_version,
+    difference,
+    rust_rows,
+    source_rows,
+    spark_rows,
+    split_metadata,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DSN_VARIABLE = "CDC_SOURCE_DSN"
+CLI_SPARK = {
+    "master": "local[1]",
+    "conf": {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.default.parallelism": "1",
+        "spark.driver.memory": "1g",
+    },
+}
+
+
+@dataclass
+class Mirror:
+    """``tables``: ``schema.table`` → its settings in the file (``row_filter``, ``truncate``)."""
+
+    db: Database
+    folder: Path
+    tables: dict[str, dict[str, Any]]
+    spark: Any
+    results: list[TableApplied] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        document = {
+            "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub"},
+            "changelog": {"path": "./changelog"},
+            "warehouse": {"path": "./warehouse"},
+            "spark": CLI_SPARK,
+            "tables": self.tables,
+        }
+        self.config_path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+    @property
+    def config_path(self) -> Path:
+        return self.folder / "cdc.yaml"
+
+    def config(self) -> Config:
+        return load_config(self.config_path, environ={DSN_VARIABLE: self.db.dsn})
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def sql(self, *statements: str) -> None:
+        """Run ``statements`` in one transaction."""
+        with self.db.connect() as conn, conn.transaction():
+            for statement in statements:
+                conn.execute(statement)
+
+    def setup(self) -> SetupResult:
+        return setup(self.config())
+
+    def drain(self) -> DrainResult:
+        return drain(self.config())
+
+    def apply(self, tables: Sequence[str] | None = None) -> dict[str, TableApplied]:
+        results = apply_tables(self.config(), self.spark, tables)
+        self.results.extend(results)
+        for result in results:
+            print(result.summary())
+        return {r.table: r for r in results}
+
+    def sync(self) -> dict[str, TableApplied]:
+        self.drain()
+        return self.apply()
+
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cdc_assets", *args, "-c", str(self.config_path)],
+            capture_output=True, text=True, cwd=ROOT, timeout=timeout, check=False,
+            env={**_environ(), DSN_VARIABLE: self.db.dsn},
+        )
+
+    # -- looking ---------------------------------------------------------------------------------
+
+    def path(self, table: str) -> str:
+        config = self.config()
+        return config.target_path(config.table(table))
+
+    def applied(self, table: str) -> int | None:
+        return applied_lsn(self.path(table), app_id("cdc_slot", str(TableName.parse(table))))
+
+    def checkpoint_lsn(self) -> int:
+        checkpoint = ChangeLogReader(self.config().changelog_path).checkpoint()
+        assert checkpoint is not None
+        return checkpoint.lsn
+
+    def version(self, table: str) -> int:
+        return delta_version(self.path(table))
+
+    def records(self, table: str) -> list[dict[str, Any]]:
+        """Every change record of ``table`` in the change log (commit columns and all)."""
+        reader = ChangeLogReader(self.config().changelog_path)
+        return [r for chunk in reader.read_changes(table) for r in chunk.records.to_pylist()]
+
+    def delta(self, table: str) -> list[dict[str, Any]]:
+        """The table's rows, read by Spark and by delta-rs, asserted equal (metadata included)."""
+        path = self.path(table)
+        t0 = time.monotonic()
+        by_spark = spark_rows(self.spark, path)
+        t1 = time.monotonic()
+        by_rust = rust_rows(path)
+        print(f"  spark {t1 - t0:.1f} s, delta-rs {time.monotonic() - t1:.1f} s")
+        problem = difference(by_spark, by_rust, ("Spark", "delta-rs"))
+        assert not problem, f"{table}: Spark and delta-rs read different rows:\n{problem}"
+        return by_spark
+
+    def check(self, table: str, *, where: str | None = None, expected: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Both readers agree; the data equals the source (``SELECT * [WHERE where]``) or
+        ``expected``; the columns are the source's plus the metadata columns; every row's
+        ``_cdc_lsn`` is at most the applied LSN. Returns the rows (without metadata)."""
+        started = time.monotonic()
+        rows = self.delta(table)
+        data, meta = split_metadata(rows)
+        with self.db.connect() as conn:
+            source = source_rows(conn, table, where)
+            if expected is None:
+                expected = source
+            columns = [c for c, in conn.execute(
+                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
+                " AND NOT attisdropped ORDER BY attnum", (TableName.parse(table).sql,),
+            ).fetchall()]
+        problem = difference(data, expected, ("Delta", "the source" if expected is source else "the expected rows"))
+        assert not problem, f"{table}: Delta differs:\n{problem}"
+        assert delta_columns(self.spark, self.path(table)) == [*columns, LSN, COMMIT_TIME]
+        applied = self.applied(table)
+        assert applied is not None
+        assert all(m[LSN] is not None and 0 < m[LSN] <= applied for m in meta), (applied, meta)
+        assert all(m[COMMIT_TIME] is not None for m in meta)
+        print(f"checked {table} ({len(data)} rows) in {time.monotonic() - started:.1f} s")
+        return data
+
+
+def _environ() -> dict[str, str]:
+    import os
+
+    return dict(os.environ)

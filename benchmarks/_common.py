@@ -7,6 +7,7 @@ that for a script), so ``import _common`` works from ``python benchmarks/<name>.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -124,6 +125,34 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+LIBRARY = Path(__file__).resolve().parent.parent / "cdc_assets"
+
+
+def code_version() -> dict[str, Any]:
+    """Which library code is measured: the git commit, uncommitted library files, and a hash of
+    every ``cdc_assets/**/*.py`` (compare the hash at the start and the end of a run)."""
+    digest = hashlib.sha256()
+    for path in sorted(LIBRARY.rglob("*.py")):
+        digest.update(str(path.relative_to(LIBRARY)).encode())
+        digest.update(path.read_bytes())
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, cwd=LIBRARY.parent, check=False)
+        return done.stdout
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "cdc_assets").splitlines() if line.strip()]
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(), "uncommitted": dirty, "sha256": digest.hexdigest()[:16]}
+
+
+def describe_code(start: dict[str, Any], end: dict[str, Any] | None = None) -> str:
+    text = f"library code: commit {start['commit']}"
+    text += f", uncommitted changes in {', '.join(start['uncommitted'])}" if start["uncommitted"] else ", clean"
+    text += f", source hash {start['sha256']}"
+    if end is not None and end["sha256"] != start["sha256"]:
+        text += f" -- WARNING: the library source changed during the run (now {end['sha256']})"
+    return text
 
 
 def load_snapshot(interval: float = 1.0) -> dict[str, Any]:

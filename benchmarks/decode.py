@@ -52,19 +52,28 @@ PYPGOUTPUT_CLASSES = {
 
 
 class NullSink:
-    """A ChangeSink that drops everything but counts it."""
+    """A ChangeSink that drops everything but counts records and transactions. Sink methods the
+    library may add later are accepted and ignored (``__getattr__``)."""
 
     def __init__(self) -> None:
         self.records_rows = 0
-        self.batches = 0
-        self.transactions = 0
+        self.record_batches = 0
+        self.committed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
 
     def records(self, relation: Any, records: Any) -> None:
         self.records_rows += records.num_rows
-        self.batches += 1
+        self.record_batches += 1
 
     def transaction(self, info: Any, changes: int, messages: Any) -> None:
-        self.transactions += 1
+        self.committed += 1
+
+    def transactions(self, commit_lsns: Any, *columns: Any) -> None:
+        self.committed += len(commit_lsns)
 
     def standalone_message(self, lsn: int, message: Any) -> None:
         pass
@@ -188,6 +197,7 @@ def main() -> int:
         parser.error("--repeat must be at least 3")
 
     machine = common.machine()
+    code_start = common.code_version()
     load_before = common.load_snapshot()
     cluster, info = prepare(args)
     try:
@@ -225,7 +235,7 @@ def main() -> int:
         pypg = common.Series(f"d. pypgoutput {getattr(pypgoutput, '__version__', '0.0.3')} classes", len(known), known_bytes)
         decode_known = None if same_set else common.Series("b'. PgoutputDecoder on d's messages", len(known), known_bytes)
 
-        sink_rows = None
+        sink_rows = sink_committed = None
         for round_ in range(args.repeat):
             gc.collect()
             fetch.add(common.timed(lambda: run_fetch(reader))[0])
@@ -235,7 +245,7 @@ def main() -> int:
             gc.collect()
             seconds, sink = common.timed(lambda: run_assemble(captured))
             arrow.add(seconds)
-            sink_rows = sink.records_rows  # type: ignore[attr-defined]
+            sink_rows, sink_committed = sink.records_rows, sink.committed  # type: ignore[attr-defined]
             gc.collect()
             pypg.add(common.timed(lambda: run_pypgoutput(known))[0])
             if decode_known is not None:
@@ -246,9 +256,14 @@ def main() -> int:
                 f"  c {arrow.seconds[-1]:.3f}s  d {pypg.seconds[-1]:.3f}s",
                 flush=True,
             )
-        if sink_rows != changes:
-            print(f"WARNING: the sink got {sink_rows} change records for {changes} change messages", flush=True)
+        if sink_rows != changes or sink_committed != kinds.get("Commit", 0):
+            print(
+                f"WARNING: the sink got {sink_rows} change records for {changes} change messages and"
+                f" {sink_committed} transactions for {kinds.get('Commit', 0)} commits",
+                flush=True,
+            )
         load_after = common.load_snapshot()
+        code_end = common.code_version()
 
         series = [fetch, server, decode, arrow, pypg] + ([decode_known] if decode_known else [])
         rows = [
@@ -284,6 +299,7 @@ def main() -> int:
         if not same_set:
             print("(b/d is computed on d's message set with b'.)")
         print(f"\nbefore: {common.describe_load(load_before)}\nafter:  {common.describe_load(load_after)}")
+        print(common.describe_code(code_start, code_end))
 
         profiles = []
         if args.profile or not all(v["pass"] for v in verdicts.values()):
@@ -299,6 +315,8 @@ def main() -> int:
                 "benchmark": "decode",
                 "command": " ".join(["python", *sys.argv]),
                 "machine": machine,
+                "code_start": code_start,
+                "code_end": code_end,
                 "postgres": info,
                 "proto_version": max_proto_version(cluster.version),
                 "mode": mode,

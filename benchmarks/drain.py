@@ -499,6 +499,7 @@ def main() -> int:
     args = parser.parse_args()
 
     machine = common.machine()
+    code_start = common.code_version()
     load_before = common.load_snapshot()
     workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-drain-"))
     results: dict[str, Any] = {"benchmark": "drain", "command": " ".join(["python", *sys.argv]), "machine": machine}
@@ -511,7 +512,9 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     load_after = common.load_snapshot()
+    code_end = common.code_version()
     results["load_before"], results["load_after"] = load_before, load_after
+    results["code_start"], results["code_end"] = code_start, code_end
 
     print()
     ok = True
@@ -564,6 +567,7 @@ def main() -> int:
         print(common.table(["streaming", "peak RSS MiB", "ru_maxrss MiB", "sampled MiB", "after imports MiB", "drain s", "changes/s", "batches", "< 1 GiB"], rows))
         ok &= rss["pass"]
     print(f"\nbefore: {common.describe_load(load_before)}\nafter:  {common.describe_load(load_after)}")
+    print(common.describe_code(code_start, code_end))
     common.write_json(args.json, results)
     return 0 if ok else 1
 

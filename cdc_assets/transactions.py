@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from dataclasses import dataclass, field
 from struct import Struct
 from typing import Protocol
@@ -36,6 +37,7 @@ from cdc_assets.errors import DecodeError
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.decoder import PgoutputDecoder, Streaming, message_name
 from cdc_assets.pgoutput.messages import (
+    POSTGRES_EPOCH_US,
     BeginMessage,
     BeginPrepareMessage,
     CommitMessage,
@@ -58,6 +60,15 @@ from cdc_assets.pgoutput.types import TypeCatalog
 
 CHUNK_ROWS = 65_536
 SPILL_BYTES = 64 << 20
+BLOCK_ROWS = 8_192
+
+_BEGIN = ord("B")
+_COMMIT = ord("C")
+_PLAIN_TYPES = np.array([ord(c) for c in "BCIUD"], dtype=np.uint8)
+_PADDING = bytes(32)
+# Commit times the message classes accept (years 1 to 9999), as sent (µs since 2000-01-01).
+_MIN_TIME_US = -62_135_596_800_000_000 - POSTGRES_EPOCH_US
+_MAX_TIME_US = 253_402_300_799_999_999 - POSTGRES_EPOCH_US
 
 _OID = Struct(">I").unpack_from
 _XID_AND_OID = Struct(">II").unpack_from
@@ -109,6 +120,11 @@ class ChangeSink(Protocol):
 
     def transaction(self, info: CommitInfo, changes: int, messages: list[TransactionalMessage]) -> None:
         """A committed transaction, after all its records were given to :meth:`records`."""
+
+    def transactions(
+        self, commit_lsns: np.ndarray, end_lsns: np.ndarray, xids: np.ndarray, times_us: np.ndarray, changes: np.ndarray
+    ) -> None:
+        """Committed plain transactions (no origin, no messages), in commit order, as columns."""
 
     def standalone_message(self, lsn: int, message: LogicalDecodingMessage) -> None:
         """A non-transactional logical decoding message."""
@@ -162,13 +178,67 @@ class _SpillQueue:
 
 
 @dataclass(slots=True)
+class _Segment:
+    """Change messages at ``data[starts[i]:ends[i]]`` with sequence numbers ``seqs``."""
+
+    data: bytes
+    starts: np.ndarray
+    ends: np.ndarray
+    seqs: np.ndarray
+
+    @classmethod
+    def of(cls, messages: list[bytes], seqs: list[int]) -> _Segment:
+        lengths = np.fromiter(map(len, messages), dtype=np.int64, count=len(messages))
+        ends = np.cumsum(lengths)
+        return cls(b"".join(messages), ends - lengths, ends, np.array(seqs, dtype=np.int64))
+
+    def select(self, mask: np.ndarray) -> _Segment:
+        return _Segment(self.data, self.starts[mask], self.ends[mask], self.seqs[mask])
+
+
+def _combine(segments: list[_Segment]) -> _Segment:
+    """One segment over one buffer (the segments' buffers joined, offsets shifted)."""
+    if len(segments) == 1:
+        return segments[0]
+    shifts = np.cumsum([0] + [len(s.data) for s in segments[:-1]])
+    return _Segment(
+        b"".join(s.data for s in segments),
+        np.concatenate([s.starts + shift for s, shift in zip(segments, shifts)]),
+        np.concatenate([s.ends + shift for s, shift in zip(segments, shifts)]),
+        np.concatenate([s.seqs for s in segments]),
+    )
+
+
+@dataclass(slots=True)
 class _RawBuffer:
     """Raw change messages of one table under one schema, waiting to be converted, each with its
-    sequence number (see :class:`_Buffers`)."""
+    sequence number (see :class:`_Buffers`): whole segments from the block path, plus single
+    messages from the message-at-a-time path."""
 
     schema: RelationSchema
+    segments: list[_Segment] = field(default_factory=list)
     messages: list[bytes] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
+    rows: int = 0
+
+    def freeze(self) -> None:
+        """Turn the single messages into a segment, keeping the order."""
+        if self.messages:
+            self.segments.append(_Segment.of(self.messages, self.seqs))
+            self.messages, self.seqs = [], []
+
+
+class _BlockView:
+    """A block's joined messages, with big-endian integers readable at any byte offset."""
+
+    __slots__ = ("data", "u8", "u32", "u64", "i64")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.u8 = np.frombuffer(data, dtype=np.uint8)
+        self.u32 = np.ndarray(shape=(len(data) - 3,), dtype=">u4", buffer=data, strides=(1,))
+        self.u64 = np.ndarray(shape=(len(data) - 7,), dtype=">i8", buffer=data, strides=(1,))
+        self.i64 = self.u64
 
 
 Locate = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
@@ -200,7 +270,7 @@ class _Buffers:
 
     @property
     def raw_rows(self) -> int:
-        return sum(len(raw.messages) for raw in self.raw.values())
+        return sum(raw.rows for raw in self.raw.values())
 
     def buffer(self, schema: RelationSchema) -> _RawBuffer:
         """The raw buffer for new changes under ``schema``; what an older schema of the same table
@@ -216,7 +286,15 @@ class _Buffers:
     def add(self, raw: _RawBuffer, data: bytes, seq: int) -> None:
         raw.messages.append(data)
         raw.seqs.append(seq)
-        if len(raw.messages) >= CHUNK_ROWS:
+        raw.rows += 1
+        if raw.rows >= CHUNK_ROWS:
+            self.convert(raw.schema.qualified_name)
+
+    def add_segment(self, raw: _RawBuffer, segment: _Segment) -> None:
+        raw.freeze()
+        raw.segments.append(segment)
+        raw.rows += len(segment.seqs)
+        if raw.rows >= CHUNK_ROWS:
             self.convert(raw.schema.qualified_name)
 
     def add_records(self, schema: RelationSchema, records: pa.RecordBatch, tag: int = 0) -> None:
@@ -228,12 +306,16 @@ class _Buffers:
     def convert(self, name: str) -> None:
         """Convert what is buffered raw for table ``name``; the buffer object stays usable."""
         raw = self.raw.get(name)
-        if raw is None or not raw.messages:
+        if raw is None or not raw.rows:
             return
-        positions, tags = self._locate(np.array(raw.seqs, dtype=np.int64))
-        records = self._builder(raw.schema).changes(raw.messages, positions, xid_prefixed=self._xid_prefixed)
+        raw.freeze()
+        segment = _combine(raw.segments)
+        positions, tags = self._locate(segment.seqs)
+        records = self._builder(raw.schema).changes_in(
+            segment.data, segment.starts, segment.ends, positions, xid_prefixed=self._xid_prefixed
+        )
         self._queue(name).append(raw.schema, records, tags)
-        raw.messages, raw.seqs = [], []
+        raw.segments, raw.rows = [], 0
 
     def convert_all(self) -> None:
         for name in list(self.raw):
@@ -242,9 +324,9 @@ class _Buffers:
     def drop_positions(self, start: int, end: int) -> None:
         """Forget changes at positions in [start, end) (an aborted subtransaction and later ones)."""
         for raw in self.raw.values():
-            keep = [i for i, p in enumerate(raw.seqs) if not start <= p < end]
-            raw.messages = [raw.messages[i] for i in keep]
-            raw.seqs = [raw.seqs[i] for i in keep]
+            raw.freeze()
+            raw.segments = [s.select((s.seqs < start) | (s.seqs >= end)) for s in raw.segments]
+            raw.rows = sum(len(s.seqs) for s in raw.segments)
         for name, queue in self.converted.items():
             kept = _SpillQueue(self._spill_dir)
             for schema, records, tags in queue.pop_all():
@@ -380,35 +462,107 @@ class TransactionAssembler:
     def feed_rows(self, rows: Iterable[tuple[int, bytes]]) -> int:
         """Consume the ``(lsn, data)`` rows of a peek call; return how many there were.
 
-        Changes of plain transactions take a short path here (two list appends); everything else
-        goes through :meth:`feed`.
+        Rows are taken a block at a time: runs of plain transactions (Begin, Insert, Update,
+        Delete, Commit) are handled with numpy for the whole run — boundaries, commit fields,
+        relations, positions — and every other message goes through :meth:`feed`.
         """
         count = 0
-        shared, relations, unpack = self._shared, self._shared_raw, _OID
-        plain = self._plain_target()
-        seq = self._seq
-        for lsn, data in rows:
-            count += 1
-            if plain and len(data) >= 5 and (data[0] == 73 or data[0] == 85 or data[0] == 68):
-                raw = relations.get(unpack(data, 1)[0])
-                if raw is not None:
-                    raw.messages.append(data)
-                    raw.seqs.append(seq)
-                    seq += 1
-                    if len(raw.messages) >= CHUNK_ROWS:
-                        shared.convert(raw.schema.qualified_name)
-                    continue
-            self._seq = seq
-            self.feed(lsn, data)
-            seq = self._seq
-            plain = self._plain_target()
-        self._seq = seq
+        iterator = iter(rows)
+        while block := list(islice(iterator, BLOCK_ROWS)):
+            self._feed_block([row[0] for row in block], [row[1] for row in block])
+            count += len(block)
         return count
 
-    def _plain_target(self) -> bool:
-        """Whether changes now go to the shared buffers (a plain transaction is open)."""
-        txn = self._current
-        return txn is not None and txn.own is None and not self._decoder.in_stream
+    def _feed_block(self, lsns: Sequence[int], datas: Sequence[bytes]) -> None:
+        lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
+        ends = np.cumsum(lengths)
+        starts = ends - lengths
+        view = _BlockView(b"".join(datas) + _PADDING)
+        types = np.where(lengths > 0, view.u8[starts], 0)
+        plain = np.isin(types, _PLAIN_TYPES)
+        first = 0
+        for stop in [*np.flatnonzero(~plain).tolist(), len(datas)]:
+            if stop > first:
+                self._plain_run(view, starts[first:stop], ends[first:stop], types[first:stop], lsns, datas, first)
+            if stop < len(datas):
+                self.feed(lsns[stop], datas[stop])
+            first = stop + 1
+
+    def _plain_run(
+        self,
+        view: _BlockView,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        types: np.ndarray,
+        lsns: Sequence[int],
+        datas: Sequence[bytes],
+        offset: int,
+    ) -> None:
+        """Rows ``offset…`` of a block, all Begin/Commit/Insert/Update/Delete, vectorized when they
+        are plain transactions of relations this call described; else message by message."""
+        count = len(starts)
+        done = 0
+        if self._stream is not None or self._decoder.in_stream or (self._current and self._current.own):
+            return self._one_by_one(lsns, datas, offset, 0, count)
+        if self._current is not None:  # finish the transaction the run starts inside, one by one
+            commits = np.flatnonzero(types == _COMMIT)
+            done = int(commits[0]) + 1 if len(commits) else count
+            self._one_by_one(lsns, datas, offset, 0, done)
+        if done < count and not self._vectorized(view, starts[done:], ends[done:], types[done:], lsns[offset + done]):
+            self._one_by_one(lsns, datas, offset, done, count)  # something is off: exact errors come from here
+
+    def _one_by_one(self, lsns: Sequence[int], datas: Sequence[bytes], offset: int, start: int, stop: int) -> None:
+        for index in range(offset + start, offset + stop):
+            self.feed(lsns[index], datas[index])
+
+    def _vectorized(self, view: _BlockView, starts: np.ndarray, ends: np.ndarray, types: np.ndarray, lsn: int) -> bool:
+        """Plain transactions starting outside any transaction; False (nothing done) unless every
+        row is well-formed, every relation known and every Begin/Commit where it belongs."""
+        is_begin = types == _BEGIN
+        is_commit = types == _COMMIT
+        is_change = ~(is_begin | is_commit)
+        depth_after = np.cumsum(is_begin.astype(np.int64) - is_commit)
+        depth_before = depth_after - is_begin + is_commit
+        sizes = ends - starts
+        ok = np.where(is_begin, (depth_before == 0) & (sizes == 21), depth_before == 1)
+        ok &= np.where(is_commit, sizes == 26, is_begin | (sizes >= 5))
+        begins, commits, changes = np.flatnonzero(is_begin), np.flatnonzero(is_commit), np.flatnonzero(is_change)
+        relations = view.u32[starts[changes] + 1].astype(np.int64)
+        known = np.fromiter(self._shared_raw, dtype=np.int64, count=len(self._shared_raw))
+        commit_at = starts[commits]
+        times = view.i64[commit_at + 18]
+        if not (
+            ok.all()
+            and np.isin(relations, known).all()
+            and not view.u8[commit_at + 1].any()  # Commit flags are 0
+            and ((times >= _MIN_TIME_US) & (times <= _MAX_TIME_US)).all()
+        ):
+            return False
+        self._lsn = lsn
+        base = self._seq
+        seqs = base + np.cumsum(is_change) - is_change  # a change's number; a Begin's: its first change's
+        begin_seqs = seqs[begins]
+        tags = self._commits.open_many(begin_seqs)
+        xids = view.u32[starts[begins] + 17].astype(np.int64)
+        txn = np.cumsum(is_begin)[commits] - 1  # the transaction each Commit ends
+        commit_lsns, end_lsns = view.u64[commit_at + 2], view.u64[commit_at + 10]
+        live = end_lsns > self.checkpoint_lsn
+        counts = seqs[commits] - begin_seqs[txn]
+        self._commits.commit_many(tags[txn][live], commit_lsns[live], end_lsns[live], xids[txn][live], times[live] + POSTGRES_EPOCH_US)
+        self.sink.transactions(commit_lsns[live], end_lsns[live], xids[txn][live], times[live] + POSTGRES_EPOCH_US, counts[live])
+        self.completed += len(commits)
+        if len(commits):
+            self.last_end_lsn = max(self.last_end_lsn, int(end_lsns.max()))
+        if depth_after[-1] == 1:  # the run ends inside a transaction: later rows continue it
+            self._current = _PlainTransaction(int(xids[-1]), int(tags[-1]), False, int(begin_seqs[-1]))
+        for relation in np.unique(relations).tolist():
+            rows = changes[relations == relation]
+            segment = _Segment(view.data, starts[rows], ends[rows], seqs[rows])
+            self._shared.add_segment(self._shared_raw[relation], segment)
+        self._seq = base + len(changes)
+        if self._commits.pending >= CHUNK_ROWS // 4 and self._shared.raw_rows >= CHUNK_ROWS:
+            self._write_shared()
+        return True
 
     def feed(self, lsn: int, data: bytes) -> None:
         """Consume one row of a peek call."""
@@ -737,6 +891,21 @@ class _CommitTable:
         self._rows.append(None)
         self._starts.append(start)
         return len(self._rows) - 1
+
+    def open_many(self, starts: np.ndarray) -> np.ndarray:
+        """Tags for transactions that began with sequence numbers ``starts`` (in order)."""
+        first = len(self._rows)
+        self._rows.extend([None] * len(starts))
+        self._starts.extend(starts.tolist())
+        return np.arange(first, first + len(starts), dtype=np.int64)
+
+    def commit_many(
+        self, tags: np.ndarray, commit_lsns: np.ndarray, end_lsns: np.ndarray, xids: np.ndarray, times: np.ndarray
+    ) -> None:
+        rows = self._rows
+        for tag, row in zip(tags.tolist(), zip(commit_lsns.tolist(), end_lsns.tolist(), xids.tolist(), times.tolist())):
+            rows[tag] = row
+        self.pending += len(tags)
 
     def locate(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions within their transactions and tags of the changes numbered ``seqs``."""

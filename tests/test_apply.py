@@ -20,8 +20,12 @@ import pytest
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.planner import RecordChunk, plan_changes
 from cdc_assets.apply.runner import delta_target
+from cdc_assets.apply.session import session_settings
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.config import SparkConfig
+from cdc_assets.lsn import format_lsn
 from tests.conftest import Database
+from tests.support.delta_read import difference
 from tests.support.mirror import Mirror
 
 RANDOM_20K = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 640))"
@@ -110,7 +114,8 @@ def test_row_filter_documentation_example(mirror_of) -> None:  # type: ignore[no
 
 # -- keyed merges end to end -------------------------------------------------------------------------
 
-BIG = "g::text || (SELECT string_agg(md5(random()::text || g::text), '') FROM generate_series(1, 640))"  # ~20 kB, per row
+# ~20 kB of random text, different in every row (g: the row's number in the outer query)
+BIG = "g::text || (SELECT string_agg(md5(random()::text || g::text || h::text), '') FROM generate_series(1, 640) h)"
 
 
 def unchanged_columns(mirror: Mirror, table: str, after: int) -> list[tuple[str, list[str] | None]]:
@@ -131,6 +136,7 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
             "public.tr_ign": {"truncate": "ignore"},
             "public.dup": {},
             "public.events": {},
+            "public.tk": {},
         },
         "CREATE TABLE items (id int PRIMARY KEY, v text, n int, big text)",
         "ALTER TABLE items ALTER COLUMN big SET STORAGE EXTERNAL",
@@ -148,11 +154,18 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
         "INSERT INTO dup VALUES (1, 'x'), (1, 'x'), (2, 'y')",
         "CREATE TABLE events (at int, what text)",
         "INSERT INTO events VALUES (1, 'a'), (1, 'a')",
+        # a key stored out of line (2,496 bytes: above the TOAST threshold, below the index limit)
+        "CREATE TABLE tk (k text PRIMARY KEY, v int, big text)",
+        "ALTER TABLE tk ALTER COLUMN k SET STORAGE EXTERNAL",
+        "ALTER TABLE tk ALTER COLUMN big SET STORAGE EXTERNAL",
+        f"INSERT INTO tk SELECT (SELECT string_agg(md5((g * 100 + h)::text), '') FROM generate_series(1, 78) h), g, {BIG}"
+        " FROM generate_series(1, 2) g",
     )
     mirror.setup()
     first = mirror.apply()
     assert {t: r.inserted for t, r in first.items()} == {
-        "public.items": 8, "public.pairs": 3, "public.tr": 2, "public.tr_ign": 2, "public.dup": 3, "public.events": 2}
+        "public.items": 8, "public.pairs": 3, "public.tr": 2, "public.tr_ign": 2, "public.dup": 3, "public.events": 2,
+        "public.tk": 2}
     for table in ("public.items", "public.dup"):
         mirror.check(table)
     snapshot_lsn = mirror.checkpoint_lsn()
@@ -186,12 +199,14 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
     mirror.sql("DELETE FROM dup WHERE ctid = (SELECT min(ctid) FROM dup WHERE a = 1)")  # one of two equal rows
     mirror.sql("UPDATE dup SET b = 'z' WHERE a = 2", "INSERT INTO dup VALUES (3, 'w'), (3, 'w')")
     mirror.sql("INSERT INTO events VALUES (2, 'b'), (1, 'a')")
+    mirror.sql("UPDATE tk SET v = v + 10")  # key and big sent as unchanged TOAST
     applied = mirror.sync()
 
     # The change log really sent 'u' for these updates (so the values came from Delta).
     sent = unchanged_columns(mirror, "public.items", snapshot_lsn)
     assert sent.count(("update", ["big"])) == 8, sent
-    for table in ("public.items", "public.pairs", "public.tr", "public.dup", "public.events"):
+    assert unchanged_columns(mirror, "public.tk", snapshot_lsn) == [("update", ["k", "big"])] * 2
+    for table in ("public.items", "public.pairs", "public.tr", "public.dup", "public.events", "public.tk"):
         mirror.check(table)
     mirror.check("public.tr_ign", expected=[
         {"id": 1, "v": "one!"}, {"id": 2, "v": "two"}, {"id": 3, "v": "three"}, {"id": 4, "v": "four!"},
@@ -207,7 +222,270 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
     mirror.sql("DELETE FROM dup WHERE ctid = (SELECT min(ctid) FROM dup WHERE a = 3)", "DELETE FROM dup WHERE a = 1")
     applied = mirror.sync()
     assert unchanged_columns(mirror, "public.items", before).count(("update", ["big"])) == 6
-    assert {t for t, r in applied.items() if r.skipped} == {"public.pairs", "public.tr", "public.tr_ign", "public.events"}
+    assert {t for t, r in applied.items() if r.skipped} == {
+        "public.pairs", "public.tr", "public.tr_ign", "public.events", "public.tk"}
     assert all(r.skipped == "no changes" for t, r in applied.items() if r.skipped)
     mirror.check("public.items")
     assert sorted((r["a"], r["b"]) for r in mirror.check("public.dup")) == [(2, "z"), (3, "w")]
+
+
+# -- exactly once ------------------------------------------------------------------------------------
+
+
+def plan_pending(mirror: Mirror, table: str) -> tuple[Any, Any, int]:
+    """(target, plan, checkpoint LSN) of the records of ``table`` the Delta table does not hold,
+    planned the way ``apply_table`` does."""
+    config = mirror.config()
+    settings = config.table(table)
+    reader = ChangeLogReader(config.changelog_path)
+    checkpoint = reader.checkpoint()
+    assert checkpoint is not None
+    target = delta_target(config, settings, mirror.spark)
+    applied = target.applied_lsn()
+    assert applied is not None and applied < checkpoint.lsn
+    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)]
+    plan = plan_changes(chunks, checkpoint.tables[table].relation, truncate=settings.truncate)
+    return target, plan, checkpoint.lsn
+
+
+def test_exactly_once(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """A second apply on the same checkpoint is skipped and writes no Delta version; a plan
+    written twice for the same LSN (a crash after the write, before anything else noticed) is
+    applied once — for merges, multiset merges, appends and truncating overwrites; and Delta's
+    own idempotent-write marker skips any commit at or below the applied LSN."""
+    tables = ["public.k", "public.f", "public.a"]
+    mirror = mirror_of(
+        {t: {} for t in tables},
+        "CREATE TABLE k (id int PRIMARY KEY, v text)",
+        "CREATE TABLE f (a int, b text)",
+        "ALTER TABLE f REPLICA IDENTITY FULL",
+        "CREATE TABLE a (at int, what text)",
+        "INSERT INTO k VALUES (1, 'a'), (2, 'b')",
+        "INSERT INTO f VALUES (1, 'x'), (1, 'x'), (2, 'y')",
+        "INSERT INTO a VALUES (1, 'a')",
+    )
+    mirror.setup()
+    mirror.apply()
+    mirror.sql("UPDATE k SET v = 'a2' WHERE id = 1", "DELETE FROM k WHERE id = 2", "INSERT INTO k VALUES (3, 'c')")
+    mirror.sql("DELETE FROM f WHERE a = 1", "INSERT INTO f VALUES (5, 'q')")  # both copies: -2
+    mirror.sql("INSERT INTO a VALUES (2, 'b'), (2, 'b')")
+    first = mirror.sync()
+    checkpoint = mirror.checkpoint_lsn()
+    assert all(r.skipped is None and r.applied_lsn == checkpoint for r in first.values())
+    versions = {t: mirror.version(t) for t in tables}
+
+    again = mirror.apply()
+    assert {t: r.skipped for t, r in again.items()} == {t: "up to date" for t in tables}
+    assert {t: mirror.version(t) for t in tables} == versions
+    for table in tables:
+        mirror.check(table)
+
+    # A crash between the write of a plan and the next run: the same plan is written again.
+    mirror.sql("TRUNCATE k", "INSERT INTO k VALUES (7, 'after the truncate')")
+    mirror.sql("DELETE FROM f WHERE a = 5", "INSERT INTO f VALUES (2, 'y')")
+    mirror.sql("INSERT INTO a VALUES (3, 'c')")
+    mirror.drain()
+    for table in tables:
+        target, plan, lsn = plan_pending(mirror, table)
+        assert plan.mode == {"public.k": "keyed", "public.f": "multiset", "public.a": "append"}[table]
+        assert plan.truncate is (table == "public.k")
+        counts = write_plan(target, plan, lsn)
+        assert (counts.inserted, counts.deleted) != (0, 0)
+        version = mirror.version(table)
+        assert version == versions[table] + 1 and target.applied_lsn() == lsn
+        rows = mirror.check(table)
+        replay = write_plan(target, plan, lsn)
+        assert (replay.inserted, replay.updated, replay.deleted) == (0, 0, 0)
+        assert mirror.version(table) == version and target.applied_lsn() == lsn
+        assert not difference(mirror.check(table), rows)
+    assert {t: r.skipped for t, r in mirror.apply().items()} == {t: "up to date" for t in tables}
+
+    # Delta's own guard, under the apply code: a commit at the applied LSN or below is skipped.
+    target, path = delta_target(mirror.config(), mirror.config().table("public.a"), mirror.spark), mirror.path("public.a")
+    version, rows = mirror.version("public.a"), mirror.delta("public.a")
+    for lsn in (target.applied_lsn(), 1):
+        with target.commit(lsn):
+            target.read().write.format("delta").mode("append").save(path)  # would double every row
+    assert mirror.version("public.a") == version
+    assert not difference(mirror.delta("public.a"), rows)
+
+
+# -- schema changes ----------------------------------------------------------------------------------
+
+
+def delta_types(mirror: Mirror, table: str) -> dict[str, str]:
+    return {f.name: f.dataType.simpleString() for f in mirror.spark.read.format("delta").load(mirror.path(table)).schema}
+
+
+def test_schema_changes_between_and_inside_batches(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """ADD COLUMN, DROP COLUMN, ALTER COLUMN TYPE int → bigint and varchar(10) → text: between
+    syncs (``ev``) and all inside one batch (``ev1``); the Delta schema follows and the data
+    equals the source after every sync."""
+    mirror = mirror_of(
+        {"public.ev": {}, "public.ev1": {}},
+        *[
+            statement
+            for t in ("ev", "ev1")
+            for statement in (
+                f"CREATE TABLE {t} (id int PRIMARY KEY, n int, s varchar(10), d text)",
+                f"INSERT INTO {t} VALUES (1, 1, 'one', 'd1'), (2, 2, 'two', 'd2')",
+            )
+        ],
+    )
+    mirror.setup()
+    mirror.apply()
+    assert delta_types(mirror, "public.ev") == {
+        "id": "int", "n": "int", "s": "string", "d": "string", "_cdc_lsn": "bigint", "_cdc_commit_time": "timestamp"}
+
+    # Sync 1: ev gets a column; ev1 goes through every change in one batch, with rows in between.
+    mirror.sql("ALTER TABLE ev ADD COLUMN extra text")
+    mirror.sql("INSERT INTO ev VALUES (3, 3, 'three', 'd3', 'x3')", "UPDATE ev SET extra = 'x1' WHERE id = 1")
+    mirror.sql("UPDATE ev1 SET n = 10 WHERE id = 1")
+    mirror.sql("ALTER TABLE ev1 ADD COLUMN extra text")
+    mirror.sql("INSERT INTO ev1 VALUES (3, 3, 'three', 'd3', 'x3')")
+    mirror.sql("ALTER TABLE ev1 DROP COLUMN d")
+    mirror.sql("UPDATE ev1 SET extra = 'x2' WHERE id = 2")
+    mirror.sql("ALTER TABLE ev1 ALTER COLUMN n TYPE bigint")
+    mirror.sql("UPDATE ev1 SET n = 1099511627776 WHERE id = 3")
+    mirror.sql("ALTER TABLE ev1 ALTER COLUMN s TYPE text")
+    mirror.sql("INSERT INTO ev1 VALUES (4, -1099511627776, 'longer than ten characters', 'x4')")
+    mirror.sync()
+    mirror.check("public.ev")
+    mirror.check("public.ev1")
+    assert delta_types(mirror, "public.ev")["extra"] == "string"
+    assert delta_types(mirror, "public.ev1") == {
+        "id": "int", "n": "bigint", "s": "string", "extra": "string", "_cdc_lsn": "bigint", "_cdc_commit_time": "timestamp"}
+
+    # Sync 2: a column dropped between syncs.
+    mirror.sql("ALTER TABLE ev DROP COLUMN d")
+    mirror.sql("UPDATE ev SET n = 20 WHERE id = 2")
+    mirror.sync()
+    mirror.check("public.ev")
+    assert "d" not in delta_types(mirror, "public.ev")
+
+    # Sync 3: types changed between syncs; the old rows keep their values in the new type.
+    mirror.sql("ALTER TABLE ev ALTER COLUMN n TYPE bigint")
+    mirror.sql("UPDATE ev SET n = 1099511627776 WHERE id = 3")
+    mirror.sql("ALTER TABLE ev ALTER COLUMN s TYPE text")
+    mirror.sql("INSERT INTO ev VALUES (4, 4, 'longer than ten characters', 'x4')")
+    mirror.sync()
+    rows = mirror.check("public.ev")
+    assert delta_types(mirror, "public.ev") == {
+        "id": "int", "n": "bigint", "s": "string", "extra": "string", "_cdc_lsn": "bigint", "_cdc_commit_time": "timestamp"}
+    assert sorted((r["id"], r["n"]) for r in rows) == [(1, 1), (2, 20), (3, 1099511627776), (4, 4)]
+
+
+# -- types -------------------------------------------------------------------------------------------
+
+TYPED_COLUMNS = """
+    e mood, a1 int[], a2 text[][], j json, jb jsonb, num numeric(12,3), un numeric,
+    tz timestamptz, ts timestamp, d date, t time, ttz timetz, iv interval, by bytea, u uuid,
+    b bool, f8 float8, f4 real, i2 smallint, i8 bigint, vc varchar(5)
+"""
+TYPED_ROWS = [
+    # every column set
+    ("('happy', '{1,2,NULL}', '{{a,b},{\"c d\",NULL}}', '{\"k\": [1, 2.5]}', '{\"b\": 1, \"a\": null}', -123456789.123,"
+    " '3.14159265358979323846264338327950288', '2024-02-29 12:34:56.789012+05:30', '1999-12-31 23:59:59.123456',"
+    " '2024-02-29', '23:59:59.999999', '12:34:56.5-08', '1 year 2 mons 3 days 04:05:06.5', '\\x00ff10',"
+    " 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', true, 1.5e300, 0.1, -32768, 9223372036854775807, 'ab  ')"),
+    # every column NULL
+    ("(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+    " NULL, NULL, NULL)"),
+    # special floats, empty arrays, negative and odd values
+    ("('sad', '{}', '{}', '[]', '{}', 0, 'NaN', '1970-01-01 00:00:00+00', '1500-03-01 00:00:00', '1500-03-01',"
+    " '00:00:00', '00:00:00+05:53:28', '-1 days +02:03:04.000001', '', '00000000-0000-0000-0000-000000000000',"
+    " false, 'NaN', 'Infinity', 0, -1, '')"),
+    ("('ok', '{-2147483648}', '{{\"\"}}', '\"text\"', '[1, \"two\", {\"3\": null}]', 999999999.999, '-1e-30',"
+    " '2262-04-11 23:47:16.854775+00', '0001-01-01 00:00:00', '9999-12-31', '12:00:00', '23:59:59+14',"
+    " '-178000000 years', '\\x5c', 'ffffffff-ffff-ffff-ffff-ffffffffffff', NULL, '-Infinity', '-0', 1, 0, 'z')"),
+]
+
+
+def test_column_types(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """Every common type, through the snapshot and through changes, keyed (``ty``) and as a
+    REPLICA IDENTITY FULL multiset (``tyf``, whose rows are matched on all these columns): the
+    values Spark and delta-rs read equal the source's values converted the way the change log
+    and the apply convert them."""
+    mirror = mirror_of(
+        {"public.ty": {}, "public.tyf": {}},
+        "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')",
+        f"CREATE TABLE ty (id int PRIMARY KEY, {TYPED_COLUMNS})",
+        f"CREATE TABLE tyf (id int, {TYPED_COLUMNS})",
+        "ALTER TABLE tyf REPLICA IDENTITY FULL",
+        *[f"INSERT INTO {t} VALUES ({i}, {row[1:]}" for t in ("ty", "tyf") for i, row in enumerate(TYPED_ROWS[:2])],
+    )
+    mirror.setup()
+    mirror.apply()
+    for i, row in enumerate(TYPED_ROWS):
+        mirror.sql(*[f"INSERT INTO {t} VALUES ({10 + i}, {row[1:]}" for t in ("ty", "tyf")])
+    mirror.sql("INSERT INTO tyf SELECT * FROM tyf WHERE id = 12")  # a duplicate row with NaN and infinities
+    for t in ("ty", "tyf"):
+        mirror.sql(f"UPDATE {t} SET (e, a1, a2, j, jb, num, un, tz, ts, d, t, ttz, iv, by, u, b, f8, f4, i2, i8, vc) ="
+                   f" (SELECT e, a1, a2, j, jb, num, un, tz, ts, d, t, ttz, iv, by, u, b, f8, f4, i2, i8, vc"
+                   f" FROM {t} WHERE id = 12 LIMIT 1) WHERE id = 0")
+        mirror.sql(f"UPDATE {t} SET (e, a1, tz, iv, f8) = ('ok', '{{7}}', now(), '1 day', 2.5) WHERE id = 1")
+        mirror.sql(f"DELETE FROM {t} WHERE id = 13")
+    mirror.sql("DELETE FROM tyf WHERE ctid = (SELECT min(ctid) FROM tyf WHERE id = 12)")  # one of the two NaN rows
+    mirror.sync()
+    keyed = mirror.check("public.ty")
+    assert len(keyed) == 5
+    multiset = mirror.check("public.tyf")
+    assert sorted(r["id"] for r in multiset) == [0, 1, 10, 11, 12]
+    nan_row = next(r for r in keyed if r["id"] == 12)
+    assert nan_row["f8"] != nan_row["f8"] and nan_row["f4"] == float("inf") and nan_row["un"] == "NaN"
+    full_row = next(r for r in keyed if r["id"] == 10)
+    assert full_row["iv"] == {"months": 14, "days": 3, "microseconds": 14706500000}
+    assert full_row["ttz"] == "12:34:56.500000-08:00" and full_row["t"] == "23:59:59.999999"
+    assert full_row["a2"] == [["a", "b"], ["c d", None]]
+
+
+# -- the command line --------------------------------------------------------------------------------
+
+
+def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """``cdc-assets sync`` drains and applies every table, ``cdc-assets apply --table T`` only T;
+    each prints a summary per table (its own Spark session, in a subprocess)."""
+    mirror = mirror_of(
+        {"public.ca": {}, "public.cb": {}},
+        "CREATE TABLE ca (id int PRIMARY KEY, v text)",
+        "CREATE TABLE cb (id int PRIMARY KEY, v text)",
+        "INSERT INTO ca VALUES (1, 'a')",
+    )
+    mirror.setup()
+    mirror.sql("INSERT INTO ca VALUES (2, 'b'), (3, 'c')", "INSERT INTO cb VALUES (1, 'x')")
+    done = mirror.cli("sync")
+    assert done.returncode == 0, done.stderr
+    checkpoint = mirror.checkpoint_lsn()
+    lines = [line for line in done.stdout.splitlines() if line.startswith("public.")]
+    assert len(lines) == 2, done.stdout
+    assert lines[0].startswith("public.ca: 3 change records → 3 inserted, 0 updated, 0 deleted; applied LSN ")
+    assert lines[1].startswith("public.cb: 1 change records → 1 inserted, 0 updated, 0 deleted; applied LSN ")
+    for line, table in zip(lines, ("public.ca", "public.cb")):
+        assert f"applied LSN {format_lsn(checkpoint)}, Delta version {mirror.version(table)} (" in line, line
+    assert mirror.applied("public.ca") == mirror.applied("public.cb") == checkpoint
+
+    mirror.sql("UPDATE ca SET v = 'b2' WHERE id = 2", "DELETE FROM ca WHERE id = 3", "INSERT INTO cb VALUES (2, 'y')")
+    mirror.drain()
+    done = mirror.cli("apply", "--table", "public.ca")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("public.")]
+    assert lines == [
+        f"public.ca: 2 change records → 0 inserted, 1 updated, 1 deleted; applied LSN"
+        f" {format_lsn(mirror.checkpoint_lsn())}, Delta version {mirror.version('public.ca')} ("
+        + lines[0].rsplit("(", 1)[-1]
+    ], done.stdout
+    assert mirror.applied("public.cb") == checkpoint < mirror.applied("public.ca")  # cb was left alone
+    mirror.check("public.ca")
+    mirror.apply(["public.cb"])
+    mirror.check("public.cb")
+
+
+def test_local_sessions_rebuild_delta_state_with_few_tasks() -> None:
+    """Delta's default of 50 tasks to rebuild a table's state made every read and MERGE of a
+    small table take tens of seconds on two local cores."""
+    settings = session_settings(SparkConfig(master="local[2]"))
+    assert settings["spark.databricks.delta.snapshotPartitions"] == "2"
+    assert session_settings(SparkConfig(master="local"))["spark.databricks.delta.snapshotPartitions"] == "1"
+    assert "spark.databricks.delta.snapshotPartitions" not in session_settings(SparkConfig(master="spark://h:7077"))
+    chosen = SparkConfig(master="local[2]", conf={"spark.databricks.delta.snapshotPartitions": "8"})
+    assert session_settings(chosen)["spark.databricks.delta.snapshotPartitions"] == "8"

@@ -43,7 +43,7 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.drain import drain
 from cdc_assets.setup import setup
 from tests.conftest import Database
-from tests.support.parity import compare_all, report
+from tests.support.parity import compare_all, fast_spark, report
 from tests.support.workload import FILTERED, Workload, WorkloadStats
 
 SEEDS = int(os.environ.get("CDC_DIFF_SEEDS", "20"))
@@ -52,9 +52,6 @@ OPS = int(os.environ.get("CDC_DIFF_OPS", "2000"))
 SYNCS = int(os.environ.get("CDC_DIFF_SYNCS", "3"))
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 
-# Session settings that make Delta's per-commit work cheap on a 2-core machine without changing
-# any result: log replay in 1 partition instead of 50. Set for this test, restored afterwards.
-FAST_SPARK = {"spark.databricks.delta.snapshotPartitions": "1"}
 
 
 def write_config(folder: Path, schema: str, tables: list[str], slot: str) -> Path:
@@ -150,12 +147,9 @@ def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
 
 def test_differential_random_workloads(pg: Database, spark: Any, tmp_path: Path) -> None:
     seeds = SEED_LIST or list(range(SEEDS))
-    saved = {key: spark.conf.get(key, None) for key in FAST_SPARK}
-    for key, value in FAST_SPARK.items():
-        spark.conf.set(key, value)
     started = time.monotonic()
     results: list[SeedResult] = []
-    try:
+    with fast_spark(spark):  # restored afterwards: the session is shared with other tests
         for seed in seeds:
             result = run_seed(pg, spark, tmp_path / f"seed{seed}", seed)
             results.append(result)
@@ -165,12 +159,6 @@ def test_differential_random_workloads(pg: Database, spark: Any, tmp_path: Path)
                 f" {'OK' if not result.problems else f'{len(result.problems)} FAILED check(s)'} ({result.elapsed_s:.0f} s)",
                 flush=True,
             )
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
     total = WorkloadStats()
     for result in results:
         total.add(result.stats)

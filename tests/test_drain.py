@@ -401,12 +401,13 @@ def test_session_settings_do_not_change_values(pg: Database, tmp_path: Path, wor
 
 
 def test_bounded_memory_paths(pg: Database, tmp_path: Path, workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With tiny conversion chunks and a spill budget of one byte, every buffered chunk of every
+    """With tiny row blocks and conversion chunks and a spill budget of one byte, every buffered chunk of every
     transaction is converted early and spilled to a temporary Arrow file, also inside streamed
     transactions whose subtransactions abort after earlier chunks were spilled: the log is the same."""
     from cdc_assets import transactions
 
     monkeypatch.setattr(transactions, "CHUNK_ROWS", 40)
+    monkeypatch.setattr(transactions, "BLOCK_ROWS", 16)
     monkeypatch.setattr(transactions, "SPILL_BYTES", 1)
     spilled: list[str] = []
     mkstemp = transactions.tempfile.mkstemp

@@ -571,3 +571,22 @@ def test_chunks_may_hold_any_record_table() -> None:
         gone(1, lsn),
         upsert({"id": 2, "v": "b", "big": "BIG"}, lsn),
     ]
+
+
+def test_unchanged_toast_key_column_comes_from_the_old_key() -> None:
+    """A key value stored out of line is sent as 'u' when unchanged; the old key (always sent
+    then) holds it. Not a key change: the row is updated in place."""
+    rel = relation("tk", ("k", TEXT, KEY), ("v", INT4), ("big", TEXT))
+    log = ChangeLog(rel)
+    lsn = log.update({"v": 2}, old={"k": "long key"}, unchanged=["k", "big"])
+    lsn2 = log.update({"k": "other", "v": 3, "big": "b"}, old={"k": "other"})
+    plan = plan_of(log)
+    assert keyed_rows(plan) == [
+        upsert({"k": "long key", "v": 2, "big": None}, lsn, ["big"], {"k": "long key"}),
+        upsert({"k": "other", "v": 3, "big": "b"}, lsn2),
+    ]
+    full = relation("tkf", ("k", TEXT), ("v", INT4), identity="f")
+    log = ChangeLog(full)
+    log.update({"v": 2}, old={"k": "long key", "v": 1}, unchanged=["k"])
+    assert sorted((r["k"], r["v"], r[COPIES]) for r in plan_of(log).rows.to_pylist()) == [
+        ("long key", 1, -1), ("long key", 2, 1)]

@@ -61,7 +61,16 @@ def write_plan(
 
     ``rebuild``: ``plan`` holds the table's whole history (it starts from the snapshot); the table
     is overwritten even if it already holds ``lsn``.
+
+    Otherwise a plan the table already holds (applied LSN ≥ ``lsn``: a replay after a crash)
+    changes nothing. Delta itself would skip the commit; checking first also keeps the steps
+    outside that commit from running again — a schema change back to the plan's older columns,
+    or the multiset check, which would fail on copies the first run already removed.
     """
+    if not rebuild:
+        applied = target.applied_lsn()
+        if applied is not None and applied >= lsn:
+            return MergeCounts()
     spark = target.spark
     columns = _columns_schema(plan)
     source = _source_frame(spark, plan)

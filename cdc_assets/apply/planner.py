@@ -140,6 +140,9 @@ class _Events:
         times = pa.chunked_array(
             [chunk for c in chunks for chunk in c.records.column("_cdc_commit_time").cast(TIME_TYPE).chunks], TIME_TYPE
         ).combine_chunks()
+        new, kept_unchanged = _unchanged_keys_from_old(
+            new, old, kinds[keep], [unchanged[i] for i in keep], relation.key_columns
+        )
         return cls(
             relation=relation,
             truncate=truncate,
@@ -147,7 +150,7 @@ class _Events:
             new=new,
             old=old,
             old_kind=kinds[keep],
-            unchanged=[unchanged[i] for i in keep],
+            unchanged=kept_unchanged,
             lsn=lsn[keep],
             commit_time=times.take(index),
             record_count=len(ops),
@@ -156,6 +159,30 @@ class _Events:
 
     def take_times(self, rows: np.ndarray) -> pa.Array:
         return self.commit_time.take(pa.array(rows, pa.int64()))
+
+
+def _unchanged_keys_from_old(
+    new: pa.Table, old: pa.Table, old_kind: np.ndarray, unchanged: list[list[str] | None], key: tuple[str, ...]
+) -> tuple[pa.Table, list[list[str] | None]]:
+    """Key columns sent as unchanged TOAST, taken from the old key or row.
+
+    A key value stored out of line (between ~2 kB and the index's ~2.7 kB limit, or under
+    ``SET STORAGE EXTERNAL``) is sent as ``'u'`` in the new tuple when it did not change; the
+    server then always sends the old key (``K``) or row (``O``), which holds it."""
+    from_old = [
+        {c for c in names if c in key} if names and old_kind[i] in ("K", "O") else set()
+        for i, names in enumerate(unchanged)
+    ]
+    if not any(from_old):
+        return new, unchanged
+    for name in key:
+        mask = np.array([name in columns for columns in from_old], dtype=bool)
+        if mask.any():
+            position = new.column_names.index(name)
+            filled = pc.if_else(pa.array(mask), old.column(name), new.column(name))
+            new = new.set_column(position, new.field(position), filled)
+    rest = [[c for c in names if c not in taken] or None if names else names for names, taken in zip(unchanged, from_old)]
+    return new, rest
 
 
 def latest_images(chunks: Sequence[RecordChunk], relation: RelationSchema, image: str = "new") -> pa.Table:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from deltalake import DeltaTable as RustDeltaTable
@@ -57,6 +57,9 @@ class SchemaChange:
     add: list[tuple[str, pa.DataType]]
     drop: list[str]
     retype: list[tuple[str, pa.DataType]]
+    # where each added column goes: after this column (None: first), so the table keeps the
+    # source's column order, with the metadata columns last
+    after: dict[str, str | None] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.add or self.drop or self.retype)
@@ -107,13 +110,22 @@ class DeltaTarget:
         add = [(name, kind) for name, kind in wanted.items() if name not in current]
         drop = [name for name in current if name not in wanted and name not in METADATA_COLUMNS]
         retype = [(name, kind) for name, kind in wanted.items() if name in current and spark_type(kind) != current[name]]
-        return SchemaChange(add, drop, retype)
+        order = list(wanted)
+        after = {name: order[order.index(name) - 1] if order.index(name) else None for name, _ in add}
+        return SchemaChange(add, drop, retype, after)
 
     def evolve(self, change: SchemaChange) -> None:
         """Apply a schema change: ADD / DROP COLUMN in place (column mapping), a changed type by
         rewriting the column with a cast (Delta readers do not support type widening)."""
         for name, kind in change.add:
-            self.spark.sql(f"ALTER TABLE {self.sql_name} ADD COLUMNS ({_column(name)} {spark_type(kind).simpleString()})")
+            if name not in change.after:
+                position = ""  # at the end
+            else:
+                previous = change.after[name]
+                position = " FIRST" if previous is None else f" AFTER {_column(previous)}"
+            self.spark.sql(
+                f"ALTER TABLE {self.sql_name} ADD COLUMNS ({_column(name)} {spark_type(kind).simpleString()}{position})"
+            )
         for name in change.drop:
             self.spark.sql(f"ALTER TABLE {self.sql_name} DROP COLUMN {_column(name)}")
         if change.retype:

@@ -77,6 +77,20 @@ class LogStore:
             with self.fs.open_output_stream(path) as stream:
                 yield stream
 
+    def open_output(self, name: str) -> IO[bytes] | pa.NativeFile:
+        """A new file for a writer that keeps it open; end it with :meth:`finish_output`."""
+        path = self.path(name)
+        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        return open(path, "wb") if self.local else self.fs.open_output_stream(path)
+
+    def finish_output(self, handle: IO[bytes] | pa.NativeFile) -> None:
+        """Make a file from :meth:`open_output` durable (fsync locally; an object store makes
+        the object visible, whole, on close)."""
+        if self.local:
+            handle.flush()
+            os.fsync(handle.fileno())
+        handle.close()
+
     def replace(self, name: str, data: bytes) -> None:
         """Write ``name`` so that readers see the old or the new contents, never a mix."""
         if not self.local:

@@ -10,7 +10,10 @@ its checkpoint leaves only files the next drain deletes.
 from __future__ import annotations
 
 import json
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +29,10 @@ from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.transactions import CommitInfo, PreparedTransaction, TransactionalMessage, with_commit_columns
 
 ROW_GROUP_ROWS = 131_072
+MAX_PENDING_ROW_GROUPS = 2
+# zstd without dictionaries (but for the operation): about a third faster to write than with
+# them, and smaller, for change records.
+PARQUET_OPTIONS: dict[str, object] = {"compression": "zstd", "use_dictionary": ["_cdc_op", "_cdc_old_kind"]}
 RELATION_KEY = b"cdc_assets.relation"
 
 TRANSACTION_SCHEMA = pa.schema(
@@ -62,6 +69,7 @@ class _TableSegment:
     version: int
     relation: RelationSchema
     writer: pq.ParquetWriter
+    handle: IO[bytes] | pa.NativeFile
     name: str
     buffered: list[pa.RecordBatch] = field(default_factory=list)
     buffered_rows: int = 0
@@ -90,7 +98,11 @@ class BatchWriter:
         self._resolved_prepared: list[str] = []  # folders to delete once the checkpoint is written
         self._segments: dict[str, _TableSegment] = {}
         self._parts: dict[str, int] = {}
-        self._transactions: list[tuple[CommitInfo, int]] = []
+        self._transactions = _TransactionLog()
+        # Row groups are encoded on a thread of their own (pyarrow releases the GIL), so the next
+        # rows are assembled meanwhile; at most a few row groups wait, in order.
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-parquet")
+        self._pending: deque[tuple[_TableSegment, Future[None]]] = deque()
         self._messages: list[dict[str, object]] = []
 
     # -- ChangeSink -----------------------------------------------------------------------------
@@ -111,10 +123,16 @@ class BatchWriter:
         self.summary.changes[table] = self.summary.changes.get(table, 0) + records.num_rows
 
     def transaction(self, info: CommitInfo, changes: int, messages: list[TransactionalMessage]) -> None:
-        self._transactions.append((info, changes))
+        self._transactions.add(info, changes)
         self.summary.transactions += 1
         for item in messages:
             self._message(item.message, info, item.position)
+
+    def transactions(
+        self, commit_lsns: np.ndarray, end_lsns: np.ndarray, xids: np.ndarray, times_us: np.ndarray, changes: np.ndarray
+    ) -> None:
+        self._transactions.extend(commit_lsns, end_lsns, xids, times_us, changes)
+        self.summary.transactions += len(commit_lsns)
 
     def standalone_message(self, lsn: int, message: LogicalDecodingMessage) -> None:
         self._messages.append(
@@ -151,7 +169,7 @@ class BatchWriter:
             for batch in table.to_batches():
                 changes += batch.num_rows
                 self.records(relation, with_commit_columns(batch, info))
-        self._transactions.append((info, changes))
+        self._transactions.add(info, changes)
         self.summary.transactions += 1
 
     def rollback_prepared(self, gid: str, end_lsn: int) -> None:
@@ -163,12 +181,15 @@ class BatchWriter:
         """Finish every file durably; return the checkpoint that makes this batch valid."""
         for segment in self._segments.values():
             self._write_row_group(segment)
-            segment.writer.close()
+        self._wait_for_writes()
+        self._encoder.shutdown()
+        for segment in self._segments.values():
+            self._finish(segment)
         for folder in {table_folder(t) for t in self._segments}:
             self.store.sync_folder(folder)
         name = SegmentName(self.start.lsn, 0).file
         if self._transactions:
-            self._write_file(f"{TRANSACTIONS}/{name}", self._transaction_table(), None, None)
+            self._write_file(f"{TRANSACTIONS}/{name}", self._transactions.table(), None, None)
         # A non-transactional message past the new checkpoint is sent again by the next call.
         messages = [m for m in self._messages if m["transactional"] or self.start.lsn < m["lsn"] <= lsn]
         if messages:
@@ -185,9 +206,11 @@ class BatchWriter:
 
     def abandon(self) -> None:
         """Close open files after a failure; they stay invalid and the next drain deletes them."""
+        self._encoder.shutdown(wait=True, cancel_futures=True)
         for segment in self._segments.values():
             try:
                 segment.writer.close()
+                segment.handle.close()
             except Exception:  # noqa: BLE001 - best effort after an earlier error
                 pass
 
@@ -210,36 +233,50 @@ class BatchWriter:
                 segment.relation = relation
                 return segment
             self._write_row_group(segment)
-            segment.writer.close()
+            self._wait_for_writes()
+            self._finish(segment)
         part = self._parts.get(table, -1) + 1
         self._parts[table] = part
         name = f"{table_folder(table)}/{SegmentName(self.start.lsn, part).file}"
-        writer = self._open(name, schema.with_metadata(_metadata(relation, version)))
-        segment = self._segments[table] = _TableSegment(version, relation, writer, name)
+        handle = self.store.open_output(name)
+        writer = pq.ParquetWriter(
+            handle, storage_schema(schema.with_metadata(_metadata(relation, version))), **PARQUET_OPTIONS
+        )
+        segment = self._segments[table] = _TableSegment(version, relation, writer, handle, name)
         self.summary.files.append(name)
         return segment
-
-    def _open(self, name: str, schema: pa.Schema) -> pq.ParquetWriter:
-        self.store.fs.create_dir(self.store.path(name).rsplit("/", 1)[0], recursive=True)
-        return pq.ParquetWriter(self.store.path(name), storage_schema(schema), filesystem=self.store.fs, compression="zstd")
 
     def _write_row_group(self, segment: _TableSegment) -> None:
         if not segment.buffered:
             return
         table = to_storage(pa.Table.from_batches(segment.buffered))
-        try:
-            segment.writer.write_table(table, row_group_size=len(table))
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-            raise CdcError(f"cannot write change records of {segment.relation.qualified_name}: {error}") from None
+        self._pending.append((segment, self._encoder.submit(segment.writer.write_table, table, row_group_size=len(table))))
         segment.rows += len(table)
         segment.buffered, segment.buffered_rows = [], 0
+        while len(self._pending) > MAX_PENDING_ROW_GROUPS:
+            self._settle(*self._pending.popleft())
+
+    def _wait_for_writes(self) -> None:
+        while self._pending:
+            self._settle(*self._pending.popleft())
+
+    @staticmethod
+    def _settle(segment: _TableSegment, write: Future[None]) -> None:
+        try:
+            write.result()
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
+            raise CdcError(f"cannot write change records of {segment.relation.qualified_name}: {error}") from None
+
+    def _finish(self, segment: _TableSegment) -> None:
+        segment.writer.close()
+        self.store.finish_output(segment.handle)
 
     def _write_file(self, name: str, table: pa.Table, relation: RelationSchema | None, version: int | None) -> None:
         if relation is not None:
             table = table.replace_schema_metadata(_metadata(relation, version))
         table = to_storage(table)
         with self.store.create(name) as sink:
-            pq.write_table(table, sink, compression="zstd")
+            pq.write_table(table, sink, **PARQUET_OPTIONS)
         self.summary.files.append(name)
 
     def _message(self, message: LogicalDecodingMessage, info: CommitInfo, position: int) -> None:
@@ -261,23 +298,37 @@ class BatchWriter:
         self._resolved_prepared.append(entry.folder)
         return entry
 
-    def _transaction_table(self) -> pa.Table:
-        infos = [info for info, _ in self._transactions]
-        return pa.table(
-            {
-                "commit_lsn": [i.commit_lsn for i in infos],
-                "end_lsn": [i.end_lsn for i in infos],
-                "xid": [i.xid for i in infos],
-                "commit_time": pa.array([i.commit_time_us for i in infos], pa.int64()).cast(
-                    pa.timestamp("us", tz="UTC")
-                ),
-                "changes": [changes for _, changes in self._transactions],
-                "origin": [i.origin for i in infos],
-                "origin_lsn": [i.origin_lsn for i in infos],
-                "gid": [i.gid for i in infos],
-            },
-            schema=TRANSACTION_SCHEMA,
-        )
+class _TransactionLog:
+    """The batch's committed transactions, as columns of the transactions log."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[object]] = {f.name: [] for f in TRANSACTION_SCHEMA}
+
+    def __bool__(self) -> bool:
+        return bool(self.columns["end_lsn"])
+
+    def add(self, info: CommitInfo, changes: int) -> None:
+        values = (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us, changes, info.origin, info.origin_lsn, info.gid)
+        for column, value in zip(self.columns.values(), values):
+            column.append(value)
+
+    def extend(
+        self, commit_lsns: np.ndarray, end_lsns: np.ndarray, xids: np.ndarray, times_us: np.ndarray, changes: np.ndarray
+    ) -> None:
+        """Plain transactions: no origin, no gid."""
+        count = len(commit_lsns)
+        for name, values in zip(
+            ("commit_lsn", "end_lsn", "xid", "commit_time", "changes"), (commit_lsns, end_lsns, xids, times_us, changes)
+        ):
+            self.columns[name].extend(values.tolist())
+        for name in ("origin", "origin_lsn", "gid"):
+            self.columns[name].extend([None] * count)
+
+    def table(self) -> pa.Table:
+        arrays = {name: pa.array(values, pa.int64() if name == "commit_time" else TRANSACTION_SCHEMA.field(name).type)
+                  for name, values in self.columns.items()}
+        arrays["commit_time"] = arrays["commit_time"].cast(TRANSACTION_SCHEMA.field("commit_time").type)
+        return pa.table(arrays, schema=TRANSACTION_SCHEMA)
 
 
 def _metadata(relation: RelationSchema, version: int | None) -> dict[bytes, bytes]:

@@ -22,8 +22,10 @@ from cdc_assets.pgoutput.columnar import (
     OP_DELETE,
     OP_INSERT,
     OP_UPDATE,
+    ChangeColumns,
     TupleColumns,
     extract_changes,
+    extract_from_buffer,
 )
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
@@ -60,8 +62,17 @@ class ChangeRecordBuilder:
 
     def changes(self, messages: Sequence[bytes], positions: np.ndarray, *, xid_prefixed: bool = False) -> pa.RecordBatch:
         """Records for Insert/Update/Delete ``messages`` (all of this relation), at ``positions``."""
-        columns = extract_changes(messages, len(self.converters), xid_prefixed=xid_prefixed)
-        count = len(messages)
+        return self._records(extract_changes(messages, len(self.converters), xid_prefixed=xid_prefixed), positions)
+
+    def changes_in(
+        self, data: bytes, starts: np.ndarray, ends: np.ndarray, positions: np.ndarray, *, xid_prefixed: bool = False
+    ) -> pa.RecordBatch:
+        """Like :meth:`changes`, for messages at ``data[starts[i]:ends[i]]``."""
+        columns = extract_from_buffer(data, starts, ends, len(self.converters), xid_prefixed=xid_prefixed)
+        return self._records(columns, positions)
+
+    def _records(self, columns: ChangeColumns, positions: np.ndarray) -> pa.RecordBatch:
+        count = len(columns.ops)
         new, new_special = self._image(columns.new)
         old, old_special = self._image(columns.old)
         old_kind = np.select([columns.old_markers == ord("K"), columns.old_markers == ord("O")], [0, 1], -1)

@@ -79,19 +79,38 @@ def extract_changes(messages: Sequence[bytes], ncols: int, *, xid_prefixed: bool
     routed the messages here by relation OID, which is not checked again.
     """
     lengths = np.fromiter(map(len, messages), dtype=np.int64, count=len(messages))
-    if len(messages) > 1 and int(lengths.sum()) > _MAX_CHUNK_BYTES:
-        half = len(messages) // 2
-        return _concat(
-            extract_changes(messages[:half], ncols, xid_prefixed=xid_prefixed),
-            extract_changes(messages[half:], ncols, xid_prefixed=xid_prefixed),
-        )
     ends = np.cumsum(lengths)
-    starts = ends - lengths
-    buf = _Buffer(b"".join([*messages, _PADDING]))
+    return extract_from_buffer(b"".join(messages), ends - lengths, ends, ncols, xid_prefixed=xid_prefixed)
+
+
+def extract_from_buffer(
+    data: bytes, starts: np.ndarray, ends: np.ndarray, ncols: int, *, xid_prefixed: bool = False
+) -> ChangeColumns:
+    """Like :func:`extract_changes`, for messages at ``data[starts[i]:ends[i]]`` (in order)."""
+    if len(starts) > 1 and int(ends[-1] - starts[0]) > _MAX_CHUNK_BYTES:
+        half = len(starts) // 2
+        parts = [(starts[:half], ends[:half]), (starts[half:], ends[half:])]
+        first, second = (_compact(data, s, e) for s, e in parts)
+        return _concat(
+            extract_from_buffer(*first, ncols, xid_prefixed=xid_prefixed),
+            extract_from_buffer(*second, ncols, xid_prefixed=xid_prefixed),
+        )
+    if len(data) < int(ends[-1] if len(ends) else 0) + len(_PADDING):
+        data = data + _PADDING
+    buf = _Buffer(data)
     try:
         return _extract(buf, starts, ends, ncols, 5 + 4 * xid_prefixed)
     except _Bad as bad:
-        raise _precise_error(messages[bad.index], bad.reason, xid_prefixed) from None
+        message = data[int(starts[bad.index]) : int(ends[bad.index])]
+        raise _precise_error(message, bad.reason, xid_prefixed) from None
+
+
+def _compact(data: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The messages at ``starts``/``ends`` copied next to each other into a buffer of their own."""
+    compacted = b"".join(data[int(s) : int(e)] for s, e in zip(starts, ends))
+    lengths = ends - starts
+    new_ends = np.cumsum(lengths)
+    return compacted, new_ends - lengths, new_ends
 
 
 class _Buffer:
@@ -158,34 +177,48 @@ class _Walk:
 
 
 def _walk(buf: _Buffer, tuple_starts: np.ndarray, ends: np.ndarray, ncols: int, present: np.ndarray) -> _Walk:
-    """Advance through one TupleData per present message, all messages at once."""
+    """Advance through one TupleData per present message, all messages at once.
+
+    Only the present rows are walked (an Update without an old tuple has nothing to walk); each
+    column costs a handful of vector operations and one combined check.
+    """
     count = len(tuple_starts)
     kinds = np.zeros((count, ncols), dtype=np.uint8)
     value_starts = np.zeros((count, ncols), dtype=np.int64)
     value_lengths = np.zeros((count, ncols), dtype=np.int64)
-    # Absent parts park their cursor at 0; every check is masked by `present`.
-    pos = np.where(present, tuple_starts, 0)
-    _check(~present | (pos + 2 <= ends), "tuple column count runs past the end")
-    _check(~present | (buf.int16[pos] == ncols), f"tuple does not have the relation's {ncols} columns")
+    end = np.zeros(count, dtype=np.int64)
+    everyone = bool(present.all())
+    rows = slice(None) if everyone else np.flatnonzero(present)
+    if not everyone and not len(rows):  # type: ignore[arg-type]
+        return _Walk(present, kinds, value_starts, value_lengths, end)
+    pos, limit = tuple_starts[rows], ends[rows]
+
+    def check(ok: np.ndarray, reason: str) -> None:
+        if not ok.all():
+            index = int(np.argmin(ok))
+            raise _Bad(index if everyone else int(rows[index]), reason)  # type: ignore[index]
+
+    check((pos + 2 <= limit) & (buf.int16[pos] == ncols), f"tuple does not have the relation's {ncols} columns")
     pos = pos + 2
+    last = len(buf.int32) - 1
     for j in range(ncols):
-        _check(~present | (pos < ends), f"tuple ends before column {j}")
-        kind = np.where(present, buf.u8[pos], 0).astype(np.uint8)
+        kind = buf.u8[np.minimum(pos, len(buf.u8) - 1)]
         valued = _has_value(kind)
-        _check(
-            ~present | valued | (kind == KIND_NULL) | (kind == KIND_UNCHANGED),
-            f"unknown column kind in column {j}",
+        length = np.where(valued, buf.int32[np.minimum(pos + 1, last)], 0).astype(np.int64)
+        following = np.where(valued, pos + 5 + length, pos + 1)
+        check(
+            (pos < limit)
+            & (valued | (kind == KIND_NULL) | (kind == KIND_UNCHANGED))
+            & (length >= 0)
+            & (following <= limit),
+            f"column {j} has an unknown kind or runs past the end",
         )
-        _check(~valued | (pos + 5 <= ends), f"column {j} length runs past the end")
-        length = np.where(valued, buf.int32[np.minimum(pos + 1, len(buf.int32) - 1)], 0).astype(np.int64)
-        start = pos + 5
-        next_pos = np.where(valued, start + length, pos + 1)
-        _check((length >= 0) & (~present | (next_pos <= ends)), f"column {j} value runs past the end")
-        kinds[:, j] = kind
-        value_starts[:, j] = start
-        value_lengths[:, j] = length
-        pos = np.where(present, next_pos, pos)
-    return _Walk(present, kinds, value_starts, value_lengths, pos)
+        kinds[rows, j] = kind
+        value_starts[rows, j] = pos + 5
+        value_lengths[rows, j] = length
+        pos = following
+    end[rows] = pos
+    return _Walk(present, kinds, value_starts, value_lengths, end)
 
 
 def _has_value(kind: np.ndarray) -> np.ndarray:
@@ -205,6 +238,8 @@ def _binary_array(buf: _Buffer, starts: np.ndarray, lengths: np.ndarray, valid: 
     (up to 12 bytes) or its first four bytes, the buffer index (0) and the offset.
     """
     count = len(starts)
+    if not valid.any():
+        return pa.nulls(count, pa.binary())
     lengths = np.where(valid, lengths, 0)
     at = np.minimum(starts, len(buf.le_u32) - 9)
     inline = lengths <= 12

@@ -7,8 +7,8 @@ with the source."""
 from __future__ import annotations
 
 import subprocess
-import time
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +87,9 @@ class Mirror:
         return setup(self.config())
 
     def drain(self) -> DrainResult:
-        return drain(self.config())
+        # wait: the lock of the setup or drain just before may not be released yet (the server
+        # ends the closed session asynchronously)
+        return drain(self.config(), wait=True)
 
     def apply(self, tables: Sequence[str] | None = None) -> dict[str, TableApplied]:
         results = apply_tables(self.config(), self.spark, tables)
@@ -158,7 +160,8 @@ class Mirror:
             ).fetchall()]
         problem = difference(data, expected, ("Delta", "the source" if expected is source else "the expected rows"))
         assert not problem, f"{table}: Delta differs:\n{problem}"
-        assert delta_columns(self.spark, self.path(table)) == [*columns, LSN, COMMIT_TIME]
+        in_delta = delta_columns(self.spark, self.path(table))
+        assert in_delta == [*columns, LSN, COMMIT_TIME], f"{table}: Delta has columns {in_delta}, the source {columns}"
         applied = self.applied(table)
         assert applied is not None
         assert all(m[LSN] is not None and 0 < m[LSN] <= applied for m in meta), (applied, meta)

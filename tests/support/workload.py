@@ -14,12 +14,14 @@ apply must get right (``DESIGN.md``, "Semantics applied downstream"):
 ``parent``  primary key, referenced by ``child`` (``ON UPDATE CASCADE ON DELETE CASCADE``):
 ``child``   cascaded updates and deletes, ``TRUNCATE parent CASCADE``
 ``bag``     ``REPLICA IDENTITY FULL``, no key, duplicate rows on purpose (one copy or all copies
-            updated or deleted through ``ctid``)
+            updated or deleted through ``ctid``); ``memo`` is stored out of line (``'u'`` in the
+            new row, the value in the ``'O'`` old row)
 ``coded``   ``REPLICA IDENTITY USING INDEX`` on ``(region, code)``, plus an identity column (for
             ``TRUNCATE … RESTART IDENTITY``)
 ``events``  no key at all: append-only (insert only; truncated sometimes)
 ``orders``  mirrored with the consumer-side row filter :data:`ROW_FILTER`; updates move rows in
-            and out of it, with and without key changes
+            and out of it, with and without key changes; ``memo`` is stored out of line, so a row
+            can enter the filter with its memo sent as unchanged TOAST
 ==========  ==========================================================================================
 
 Operations are single DML statements; every statement executed counts as one operation
@@ -72,14 +74,17 @@ CREATE TABLE {s}.child (
     id bigint PRIMARY KEY,
     parent_id bigint NOT NULL REFERENCES {s}.parent (id) ON UPDATE CASCADE ON DELETE CASCADE,
     note text, at timestamptz);
-CREATE TABLE {s}.bag (a int, b text, c numeric(12,2), tags text[]);
+CREATE TABLE {s}.bag (a int, b text, c numeric(12,2), tags text[], memo text);
+ALTER TABLE {s}.bag ALTER COLUMN memo SET STORAGE EXTERNAL;
 ALTER TABLE {s}.bag REPLICA IDENTITY FULL;
 CREATE TABLE {s}.coded (
     serial bigint GENERATED ALWAYS AS IDENTITY, region int NOT NULL, code text NOT NULL, qty int, note text);
 CREATE UNIQUE INDEX coded_key ON {s}.coded (region, code);
 ALTER TABLE {s}.coded REPLICA IDENTITY USING INDEX coded_key;
 CREATE TABLE {s}.events (n bigint GENERATED ALWAYS AS IDENTITY, kind text, payload jsonb, at timestamptz);
-CREATE TABLE {s}.orders (id bigint PRIMARY KEY, status text NOT NULL, amount numeric(12,2), customer text);
+CREATE TABLE {s}.orders (
+    id bigint PRIMARY KEY, status text NOT NULL, amount numeric(12,2), customer text, memo text);
+ALTER TABLE {s}.orders ALTER COLUMN memo SET STORAGE EXTERNAL;
 """
 
 TAGS = ("a", "with space", "comma,inside", 'quo"te', "back\\slash", "NULL", "", "ünïcødé ✓", "{brace}", "x y,z")
@@ -358,7 +363,7 @@ class Workload:
         bag_rows = rng.randint(300, 800)
         self._dml(
             "bag",
-            f"INSERT INTO {self.qualified('bag')} (a, b, c, tags) SELECT g %% 3, 'gone', 1.00, NULL"
+            f"INSERT INTO {self.qualified('bag')} (a, b, c, tags, memo) SELECT g %% 3, 'gone', 1.00, NULL, NULL"
             " FROM generate_series(1, %s) g",
             (bag_rows,),
         )
@@ -375,11 +380,12 @@ class Workload:
             if key % 4 == 0:
                 self.model.kinds.pop(key, None)
         copies = rng.randint(200, 600)
-        row = (1, "bulk", Decimal("2.50"), ("x", None))
+        row = (1, "bulk", Decimal("2.50"), ("x", None), None)
         self._dml(
             "bag",
-            f"INSERT INTO {self.qualified('bag')} (a, b, c, tags) SELECT %s, %s, %s, %s::text[] FROM generate_series(1, %s)",
-            (row[0], row[1], row[2], list(row[3]), copies),
+            f"INSERT INTO {self.qualified('bag')} (a, b, c, tags, memo) SELECT %s, %s, %s, %s::text[], %s"
+            " FROM generate_series(1, %s)",
+            (*self._bag_params(row), copies),
         )
         self.model.bag.extend([row] * copies)
         self._dml(
@@ -586,20 +592,30 @@ class Workload:
             self._maybe(lambda: rng.choice(("x", "y", "z"))),
             self._maybe(lambda: Decimal(rng.randint(0, 3)).scaleb(-1).quantize(Decimal("0.01"))),
             self._maybe(lambda: tuple(rng.choice(("p", "q", None)) for _ in range(rng.randint(0, 2)))),
+            self._bag_memo(),
         )
+
+    def _bag_memo(self) -> str | None:
+        """NULL, a short text or one of two ~20 kB texts (stored out of line; duplicates stay likely)."""
+        r = self.rng.random()
+        if r < 0.4:
+            return None
+        if r < 0.6:
+            return "short memo"
+        return md5_chain(f"bag-{self.seed}-{int(r * 10) % 2}")
 
     @staticmethod
     def _bag_params(row: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (*row[:3], list(row[3]) if row[3] is not None else None)
+        return (*row[:3], list(row[3]) if row[3] is not None else None, row[4])
 
     _BAG_EQUAL = "a IS NOT DISTINCT FROM %s AND b IS NOT DISTINCT FROM %s AND c IS NOT DISTINCT FROM %s" \
-                 " AND tags IS NOT DISTINCT FROM %s::text[]"
+                 " AND tags IS NOT DISTINCT FROM %s::text[] AND memo IS NOT DISTINCT FROM %s"
 
     def _insert_bag(self) -> None:
         row = self._pick_bag() if self.model.bag and self.rng.random() < 0.4 else self._bag_row()
         copies = self.rng.choice((1, 1, 1, 2, 3))
         self._dml(
-            "bag", f"INSERT INTO {self.qualified('bag')} (a, b, c, tags) SELECT %s, %s, %s, %s::text[]"
+            "bag", f"INSERT INTO {self.qualified('bag')} (a, b, c, tags, memo) SELECT %s, %s, %s, %s::text[], %s"
             " FROM generate_series(1, %s)",
             (*self._bag_params(row), copies),
         )
@@ -613,19 +629,26 @@ class Workload:
         new = list(self._bag_row())
         for i in self.rng.sample(range(4), self.rng.randint(0, 3)):
             new[i] = old[i]
+        if self.rng.random() < 0.7:
+            new[4] = old[4]  # memo not set: sent as unchanged TOAST when stored out of line
+            sets = "a = %s, b = %s, c = %s, tags = %s::text[]"
+            values: tuple[Any, ...] = self._bag_params(tuple(new))[:4]
+        else:
+            sets = "a = %s, b = %s, c = %s, tags = %s::text[], memo = %s"
+            values = self._bag_params(tuple(new))
         new_row = tuple(new)
         if self.rng.random() < 0.7:  # one copy
             self._dml(
-                "bag", f"UPDATE {self.qualified('bag')} SET a = %s, b = %s, c = %s, tags = %s::text[] WHERE ctid ="
+                "bag", f"UPDATE {self.qualified('bag')} SET {sets} WHERE ctid ="
                 f" (SELECT ctid FROM {self.qualified('bag')} WHERE {self._BAG_EQUAL} LIMIT 1)",
-                (*self._bag_params(new_row), *self._bag_params(old)),
+                (*values, *self._bag_params(old)),
             )
             self.model.bag.remove(old)
             self.model.bag.append(new_row)
         else:  # every copy
             self._dml(
-                "bag", f"UPDATE {self.qualified('bag')} SET a = %s, b = %s, c = %s, tags = %s::text[] WHERE {self._BAG_EQUAL}",
-                (*self._bag_params(new_row), *self._bag_params(old)),
+                "bag", f"UPDATE {self.qualified('bag')} SET {sets} WHERE {self._BAG_EQUAL}",
+                (*values, *self._bag_params(old)),
             )
             count = self.model.bag.count(old)
             self.model.bag = [r for r in self.model.bag if r != old] + [new_row] * count
@@ -696,8 +719,9 @@ class Workload:
         key = self._new_key("orders")
         status, amount = self._order_values()
         self._dml(
-            "orders", f"INSERT INTO {self.qualified('orders')} (id, status, amount, customer) VALUES (%s, %s, %s, %s)",
-            (key, status, amount, self._maybe(self._word)),
+            "orders",
+            f"INSERT INTO {self.qualified('orders')} (id, status, amount, customer, memo) VALUES (%s, %s, %s, %s, %s)",
+            (key, status, amount, self._maybe(self._word), self._order_memo()),
         )
         self.model.orders[key] = None
 
@@ -709,10 +733,23 @@ class Workload:
             self._dml("orders", f"UPDATE {self.qualified('orders')} SET status = %s WHERE id = %s", (status, key))
         elif which < 0.8:
             self._dml("orders", f"UPDATE {self.qualified('orders')} SET amount = %s WHERE id = %s", (amount, key))
-        else:
+        elif which < 0.9:
             self._dml(
                 "orders", f"UPDATE {self.qualified('orders')} SET customer = %s WHERE id = %s", (self._maybe(self._word), key)
             )
+        else:
+            self._dml(
+                "orders", f"UPDATE {self.qualified('orders')} SET status = %s, memo = %s WHERE id = %s",
+                (status, self._order_memo(), key),
+            )
+
+    def _order_memo(self) -> str | None:
+        r = self.rng.random()
+        if r < 0.3:
+            return None
+        if r < 0.5:
+            return f"memo {self.rng.randrange(1000)}"
+        return md5_chain(f"order-{self.seed}-{self.rng.randrange(10**9)}")
 
     def _delete_orders(self) -> None:
         key = self._pick(self.model.orders)

@@ -1,0 +1,301 @@
+"""The code location around one test database, driven in-process the way Dagster's daemons would.
+
+:class:`DagsterEnv` owns a folder with a cdc-assets configuration for three tables (a
+``REPLICA IDENTITY FULL`` table, a row-filtered table and a plain one), a persistent Dagster test
+instance, and the code location's definitions loaded through its real entry point
+(``dagster_project.definitions.defs`` with ``CDC_CONFIG`` set). It evaluates the drain schedule and
+the per-table sensors as the daemon would (``build_schedule_context`` / ``build_sensor_context``
+with cursors kept between ticks) and executes the run requests in-process against the instance,
+on the test run's one Spark session (the code location's ``SparkResource`` calls ``getOrCreate``).
+
+Delta tables are read with delta-rs (no Spark) and compared with ``SELECT *`` of the source read
+the way the change log reads it (``tests/support/delta_read.py``).
+
+:class:`ThreadRunLauncher` is a run launcher for the real run queue: the queue daemon dequeues a
+run (pools permitting) and the launcher executes it in a thread of this process, or holds it
+``STARTING`` like a run whose worker has not got going yet; terminating a held run cancels it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+import dagster as dg
+import yaml
+from deltalake import DeltaTable as RustDeltaTable
+from dagster._core.definitions.job_base import InMemoryJob
+from dagster._core.execution.api import execute_run
+from dagster._core.launcher import LaunchRunContext, RunLauncher
+from dagster._serdes import ConfigurableClass
+from dagster._serdes.config_class import ConfigurableClassData
+
+from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.config import Config, TableName, load_config
+from tests.conftest import Database
+from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
+
+ROOT = Path(__file__).resolve().parents[2]
+DSN_VARIABLE = "CDC_SOURCE_DSN"
+SLOT = "cdc_slot"
+TABLES = ("public.customers", "public.orders", "public.notes")
+ROW_FILTERS = {"public.orders": "status <> 'draft'"}
+SPARK = {
+    "master": "local[2]",
+    "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2"},
+}
+
+DDL = """
+CREATE TABLE public.customers (id int PRIMARY KEY, name text NOT NULL, tier text, since date);
+ALTER TABLE public.customers REPLICA IDENTITY FULL;
+CREATE TABLE public.orders (id int PRIMARY KEY, customer_id int, status text NOT NULL, amount numeric(10,2));
+CREATE TABLE public.notes (id int PRIMARY KEY, body text);
+CREATE TABLE public.scratch (n int);
+INSERT INTO public.customers SELECT i, 'customer ' || i, 'silver', DATE '2024-01-01' + i FROM generate_series(1, 5) i;
+INSERT INTO public.orders SELECT i, 1 + i % 5, CASE WHEN i % 3 = 0 THEN 'draft' ELSE 'paid' END, i * 10.5
+  FROM generate_series(1, 6) i;
+INSERT INTO public.notes SELECT i, 'note ' || i FROM generate_series(1, 3) i;
+"""
+
+
+def config_document(
+    *,
+    dsn: str = "${" + DSN_VARIABLE + "}",
+    cron: str | None = None,
+    max_lag_bytes: int | None = None,
+    tables: Sequence[str] = TABLES,
+) -> dict[str, Any]:
+    """A configuration file's content (paths relative to the file's folder)."""
+    document: dict[str, Any] = {
+        "source": {"dsn": dsn, "slot": SLOT, "publication": "cdc_pub"},
+        "changelog": {"path": "./changelog"},
+        "warehouse": {"path": "./warehouse"},
+        "spark": SPARK,
+        "tables": {t: ({"row_filter": ROW_FILTERS[t]} if t in ROW_FILTERS else {}) for t in tables},
+    }
+    schedule = {k: v for k, v in (("drain_cron", cron), ("max_lag_bytes", max_lag_bytes)) if v is not None}
+    if schedule:
+        document["schedule"] = schedule
+    return document
+
+
+def write_config(path: Path, **settings: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config_document(**settings), sort_keys=False))
+    return path
+
+
+def load_code_location() -> dg.Definitions:
+    """The code location as ``dg`` loads it: ``dagster_project.definitions.defs`` (``$CDC_CONFIG``)."""
+    from dagster_project.definitions import defs
+
+    loaded = defs()
+    assert isinstance(loaded, dg.Definitions)
+    return loaded
+
+
+def execute(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    selection: dg.AssetSelection,
+    *,
+    name: str,
+    tags: Mapping[str, str] | None = None,
+    partition_key: str | None = None,
+    raise_on_error: bool = True,
+) -> dg.ExecuteInProcessResult:
+    """Run ``selection`` as one job in this process, recorded in ``instance``."""
+    job = dg.define_asset_job(name, selection=selection)
+    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def(name)
+    return resolved.execute_in_process(
+        instance=instance, tags=dict(tags or {}), partition_key=partition_key, raise_on_error=raise_on_error
+    )
+
+
+@dataclass
+class SensorTick:
+    """One evaluation of one table's sensor."""
+
+    table: str
+    sensor: dg.SensorDefinition
+    run_requests: list[dg.RunRequest]
+    skip_message: str | None
+    cursor: str | None
+
+
+@dataclass
+class DagsterEnv:
+    db: Database
+    folder: Path
+    instance: dg.DagsterInstance
+    defs: dg.Definitions = field(init=False)
+    cursors: dict[str, str | None] = field(default_factory=dict)
+    runs: int = 0
+
+    def __post_init__(self) -> None:
+        self.defs = load_code_location()
+
+    # -- configuration and source ----------------------------------------------------------------
+
+    @property
+    def config_path(self) -> Path:
+        return self.folder / "cdc.yaml"
+
+    def config(self) -> Config:
+        return load_config(self.config_path, environ={DSN_VARIABLE: self.db.dsn})
+
+    def path(self, table: str) -> str:
+        config = self.config()
+        return config.target_path(config.table(table))
+
+    def version(self, table: str) -> int:
+        """The Delta table's version (delta-rs)."""
+        return RustDeltaTable(self.path(table)).version()
+
+    def applied(self, table: str) -> int | None:
+        return applied_lsn(self.path(table), app_id(SLOT, str(TableName.parse(table))))
+
+    def checkpoint_lsn(self) -> int:
+        checkpoint = ChangeLogReader(self.config().changelog_path).checkpoint()
+        assert checkpoint is not None
+        return checkpoint.lsn
+
+    def transactions(self, *transactions: Iterable[str]) -> None:
+        """Commit each group of statements as one transaction."""
+        with self.db.connect() as conn:
+            for statements in transactions:
+                with conn.transaction():
+                    for statement in statements:
+                        conn.execute(statement)
+
+    # -- the schedule and the sensors, as the daemon evaluates them ---------------------------
+
+    def schedule_tick(self, when: datetime) -> tuple[dg.ScheduleDefinition, list[dg.RunRequest]]:
+        schedule = self.defs.resolve_schedule_def("cdc_drain_schedule")
+        with dg.build_schedule_context(instance=self.instance, scheduled_execution_time=when) as context:
+            data = schedule.evaluate_tick(context)
+        return schedule, list(data.run_requests or [])
+
+    def run_schedule(self, when: datetime) -> dg.ExecuteInProcessResult:
+        """Evaluate the drain schedule at ``when`` and execute the run it requests."""
+        schedule, requests = self.schedule_tick(when)
+        assert len(requests) == 1, requests
+        request = requests[0]
+        job = self.defs.resolve_job_def(schedule.job_name)
+        tags = {**request.tags, "dagster/schedule_name": schedule.name}
+        result = job.execute_in_process(instance=self.instance, run_config=request.run_config, tags=tags)
+        assert result.success
+        return result
+
+    def evaluate_sensors(self, *, fresh: bool = False) -> dict[str, SensorTick]:
+        """One tick of every table sensor, with the cursor of its previous tick (``fresh``: with
+        no cursor, and the cursor it returns is not kept)."""
+        ticks = {}
+        for sensor in self.defs.sensors:
+            table = _sensor_table(sensor.name)
+            cursor = None if fresh else self.cursors.get(sensor.name)
+            context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)
+            result = sensor.evaluate_tick(context)
+            ticks[table] = SensorTick(table, sensor, list(result.run_requests or []), result.skip_message, result.cursor)
+            if not fresh and result.cursor is not None:
+                self.cursors[sensor.name] = result.cursor
+        return ticks
+
+    def execute_request(self, tick: SensorTick, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
+        """Execute one sensor run request as the daemon would launch it: the sensor's job, its tags."""
+        job = self.defs.resolve_job_def(tick.sensor.job_name)
+        tags = {**request.tags, "dagster/sensor_name": tick.sensor.name}
+        if request.run_key:
+            tags["dagster/run_key"] = request.run_key
+        result = job.execute_in_process(instance=self.instance, run_config=request.run_config, tags=tags)
+        assert result.success
+        return result
+
+    def execute(self, selection: dg.AssetSelection, **kwargs: Any) -> dg.ExecuteInProcessResult:
+        self.runs += 1
+        return execute(self.defs, self.instance, selection, name=f"test_job_{self.runs}", **kwargs)
+
+    # -- Delta against the source ----------------------------------------------------------------
+
+    def delta_rows(self, table: str) -> list[dict[str, Any]]:
+        data, _ = split_metadata(rust_rows(self.path(table)))
+        return data
+
+    def source_rows(self, table: str) -> list[dict[str, Any]]:
+        with self.db.connect() as conn:
+            return source_rows(conn, table, ROW_FILTERS.get(table))
+
+    def assert_mirrors(self, tables: Sequence[str] = TABLES) -> None:
+        for table in tables:
+            problem = difference(self.delta_rows(table), self.source_rows(table), ("Delta", "the source"))
+            assert not problem, f"{table}: Delta differs from the source:\n{problem}"
+
+
+def _sensor_table(name: str) -> str:
+    """``cdc_merge__public__orders`` → ``public.orders``."""
+    schema, table = name.removeprefix("cdc_merge__").split("__")
+    return f"{schema}.{table}"
+
+
+# -- the real run queue ----------------------------------------------------------------------------
+
+
+class ThreadRunLauncher(RunLauncher, ConfigurableClass):
+    """Executes a dequeued run in a thread of this process, or holds it (``STARTING``, as a run
+    whose worker has not started) when its job is in :attr:`HOLD`. ``terminate`` cancels a held run.
+
+    Jobs come from :attr:`JOBS` (name → definition), set by the test before dequeuing."""
+
+    JOBS: ClassVar[dict[str, dg.JobDefinition]] = {}
+    HOLD: ClassVar[set[str]] = set()
+
+    def __init__(self, inst_data: ConfigurableClassData | None = None) -> None:
+        self._inst_data = inst_data
+        self.threads: dict[str, threading.Thread] = {}
+        self.held: set[str] = set()
+        self.errors: dict[str, BaseException] = {}
+        super().__init__()
+
+    @property
+    def inst_data(self) -> ConfigurableClassData | None:
+        return self._inst_data
+
+    @classmethod
+    def config_type(cls) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> ThreadRunLauncher:
+        return cls(inst_data=inst_data)
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        run = context.dagster_run
+        if run.job_name in self.HOLD:
+            self.held.add(run.run_id)
+            return
+        job = InMemoryJob(self.JOBS[run.job_name])
+
+        def work() -> None:
+            try:
+                execute_run(job, run, self._instance)
+            except BaseException as error:  # noqa: BLE001 - reported to the test
+                self.errors[run.run_id] = error
+
+        thread = threading.Thread(target=work, name=f"run-{run.run_id[:8]}", daemon=True)
+        self.threads[run.run_id] = thread
+        thread.start()
+
+    def terminate(self, run_id: str) -> bool:
+        if run_id not in self.held:
+            return False
+        run = self._instance.get_run_by_id(run_id)
+        assert run is not None
+        self._instance.report_run_canceling(run)
+        self._instance.report_run_canceled(run, message="canceled while its worker was starting")
+        self.held.discard(run_id)
+        return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config
@@ -18,6 +19,13 @@ class TableStatus:
     name: str
     last_change_lsn: int | None
     schema_version: int | None
+    applied_lsn: int | None = None
+    delta_path: str | None = None
+
+    @property
+    def behind(self) -> bool:
+        """The change log holds changes the Delta table does not have yet."""
+        return self.last_change_lsn is not None and (self.applied_lsn is None or self.applied_lsn < self.last_change_lsn)
 
 
 @dataclass(slots=True)
@@ -50,7 +58,13 @@ class Status:
             "checkpoint_lsn": _lsn(self.checkpoint_lsn),
             "snapshot_lsn": _lsn(self.snapshot_lsn),
             "tables": {
-                t.name: {"last_change_lsn": _lsn(t.last_change_lsn), "schema_version": t.schema_version}
+                t.name: {
+                    "last_change_lsn": _lsn(t.last_change_lsn),
+                    "schema_version": t.schema_version,
+                    "applied_lsn": _lsn(t.applied_lsn),
+                    "behind": t.behind,
+                    "delta_path": t.delta_path,
+                }
                 for t in self.tables
             },
         }
@@ -74,7 +88,9 @@ class Status:
             out.append(f"change log: checkpoint {_lsn(self.checkpoint_lsn)} (snapshot at {_lsn(self.snapshot_lsn)})")
         for table in self.tables:
             out.append(
-                f"  {table.name}: last change {_lsn(table.last_change_lsn)}, schema version {table.schema_version}"
+                f"  {table.name}: last change {_lsn(table.last_change_lsn)}, schema version {table.schema_version},"
+                f" applied to Delta up to {_lsn(table.applied_lsn) or 'nothing yet'}"
+                + (" (behind: run `cdc-assets apply`)" if table.behind else "")
             )
         return out
 
@@ -93,9 +109,12 @@ def read_status(config: Config) -> Status:
     except SourceError as error:
         status.source_error = str(error)
     for table in config.tables:
-        state = checkpoint.tables.get(str(table.name)) if checkpoint else None
+        name = str(table.name)
+        state = checkpoint.tables.get(name) if checkpoint else None
+        path = config.target_path(table)
+        applied = applied_lsn(path, app_id(config.source.slot, name), config.warehouse_storage_options)
         status.tables.append(
-            TableStatus(str(table.name), state.last_change_lsn if state else None, state.schema_version if state else None)
+            TableStatus(name, state.last_change_lsn if state else None, state.schema_version if state else None, applied, path)
         )
     return status
 

@@ -14,7 +14,7 @@ source and record the checkpoint as its applied LSN (issue 4's acceptance: ≥ 2
   ``drain``        after the drain lock is granted on the source, 0–0.4 s later;
   ``spark-start``  after the drain's summary line, 0–15 s later (Spark takes 15–30 s to start
                    here, so this lands in the JVM start or in the first merge);
-  ``merge``        after ``k`` (0–4) per-table summary lines — ``k = 0``: after the first new
+  ``merge``        after ``k`` (0–3) per-table summary lines — ``k = 0``: after the first new
                    file appears in the warehouse — then 0–4 s later.
 
   The phase a kill actually hit is read off the evidence at the moment of the kill (lock,
@@ -329,7 +329,7 @@ def _wait_for_target(
     elif target == "spark-start":
         condition = attempt.drained
     else:
-        k = rng.randint(0, 4)
+        k = rng.randint(0, 3)
         if k == 0:
             condition = lambda: files_since(warehouse, wall) > 0 or attempt.tables_done() > 0  # noqa: E731
         else:

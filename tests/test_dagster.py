@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import subprocess
-import threading
 from collections.abc import Iterator
 from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
@@ -23,16 +22,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import dagster as dg
-import pyarrow as pa
 import pytest
 import yaml
 from dagster._core.execution.api import create_execution_plan
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.remote_representation.external_data import RepositorySnap
 from dagster._core.run_coordinator import SubmitRunContext
-from dagster._core.test_utils import freeze_time
+from dagster._core.test_utils import create_run_for_test, freeze_time
 from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
-from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+    QueuedRunCoordinatorDaemon,
+)
 from dagster._serdes import serialize_value
 from delta.tables import DeltaTable
 
@@ -42,8 +42,15 @@ from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.setup import setup
 from cdc_assets.source import DrainLock
-from dagster_project.assets import CHANGELOG_KEY, REBUILD_KEY, build_history_asset, history_key, mirror_key
+from dagster_project.assets import (
+    CHANGELOG_KEY,
+    REBUILD_KEY,
+    build_history_asset,
+    history_key,
+    history_path,
+)
 from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
+from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
 from tests.conftest import Database
 from tests.support.dagster_env import (
@@ -54,11 +61,11 @@ from tests.support.dagster_env import (
     TABLES,
     DagsterEnv,
     ThreadRunLauncher,
+    execute,
     load_code_location,
     write_config,
 )
 from tests.support.delta_read import canonical, difference, rust_table
-from tests.support.oracle import replay, to_python
 from tests.support.pipeline import wait_until
 
 CUSTOMERS, ORDERS, NOTES = TABLES
@@ -67,8 +74,8 @@ DEMO_INSTANCE = yaml.safe_load(DEMO_INSTANCE_YAML)
 DEPLOY = ROOT / "deploy"
 MIRROR_KEYS = {t: dg.AssetKey(["delta", *t.split(".")]) for t in TABLES}
 
-# Round 1 leaves public.notes idle; round 2 leaves public.orders idle. Every statement changes
-# one row, so the change records per table are the statements per table.
+# Round 1 leaves public.notes idle; round 2 changes public.notes only. Every statement changes one
+# row, so the change records per table are the statements per table.
 ROUND_1 = [
     [
         "INSERT INTO public.customers VALUES (6, 'customer 6', 'bronze', DATE '2024-02-01')",
@@ -87,13 +94,15 @@ ROUND_1 = [
     ],
 ]
 ROUND_1_CHANGES = {CUSTOMERS: 4, ORDERS: 5}
-ROUND_1_MERGED = {CUSTOMERS: (2, 1, 1), ORDERS: (2, 0, 2)}  # inserted, updated, deleted in Delta
+ROUND_1_MERGED = {CUSTOMERS: (2, 1, 1), ORDERS: (2, 0, 2)}  # (inserted, updated, deleted) in Delta
 ROUND_2 = [
-    ["UPDATE public.customers SET name = 'Customer Two' WHERE id = 2", "INSERT INTO public.notes VALUES (4, 'note 4')"],
-    ["UPDATE public.notes SET body = 'edited' WHERE id = 1", "DELETE FROM public.notes WHERE id = 2"],
+    ["INSERT INTO public.notes VALUES (4, 'note 4', 4)", "UPDATE public.notes SET body = 'edited' WHERE id = 1"],
+    ["DELETE FROM public.notes WHERE id = 2"],
 ]
-ROUND_2_CHANGES = {CUSTOMERS: 1, NOTES: 3}
-ROUND_2_MERGED = {CUSTOMERS: (0, 1, 0), NOTES: (1, 1, 1)}
+ROUND_2_CHANGES = {NOTES: 3}
+# public.notes is REPLICA IDENTITY FULL: its rows match on every column, so Delta replaces an
+# updated row (one delete, one insert) rather than updating it.
+ROUND_2_MERGED = {NOTES: (2, 0, 2)}
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------------
@@ -306,3 +315,361 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         fresh = env.evaluate_sensors(fresh=True)
         assert requested(fresh) == set(), {t: tick.skip_message for t, tick in fresh.items()}
 
+
+
+# -- 3. rebuild backfill ---------------------------------------------------------------------------
+
+
+def ensure_incremental_merges(env: DagsterEnv) -> None:
+    """Every table merged from the log, and merged incrementally at least once (the test above
+    leaves it so; run alone, this does it)."""
+    sync(env, 20)
+    if any(env.version(t) == 0 for t in TABLES):
+        env.transactions(*ROUND_1, *ROUND_2)
+        sync(env, 25)
+    assert all(env.version(t) >= 1 for t in TABLES)
+
+
+def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: DagsterEnv, spark: Any) -> None:
+    ensure_incremental_merges(env)
+    checkpoint = env.checkpoint_lsn()
+    before = {t: rust_table(env.path(t)).to_pylist() for t in TABLES}  # data and _cdc_ metadata
+    versions = {t: env.version(t) for t in TABLES}
+    assert all(env.applied(t) == checkpoint for t in TABLES)
+
+    # Damage two tables behind the pipeline's back.
+    DeltaTable.forPath(spark, env.path(CUSTOMERS)).delete("id = 1")
+    DeltaTable.forPath(spark, env.path(ORDERS)).update("id = 1", {"amount": "amount + 1000"})
+    for table in (CUSTOMERS, ORDERS):
+        assert difference(env.delta_rows(table), env.source_rows(table)), f"{table} was not damaged"
+
+    # A backfill of two of the three partitions of cdc/rebuild: one run per partition.
+    selected = (CUSTOMERS, ORDERS)
+    runs = {
+        table: env.execute(dg.AssetSelection.assets(REBUILD_KEY), partition_key=table, tags={"dagster/backfill": "rebuild"})
+        for table in selected
+    }
+    for table, result in runs.items():
+        assert result.success
+        after = rust_table(env.path(table)).to_pylist()
+        problem = difference(after, before[table], ("rebuilt", "incrementally merged"))
+        assert not problem, f"{table}: the rebuild differs from the incremental merges:\n{problem}"
+        env.assert_mirrors([table])
+        assert env.applied(table) == checkpoint  # still at the checkpoint
+        assert env.version(table) > versions[table] + 1  # the damage, then the rebuild's commit
+        rebuilt = materialization(result, REBUILD_KEY)
+        assert rebuilt["applied_lsn"] == format_lsn(checkpoint)
+        assert rebuilt["dagster/row_count"] == rebuilt["inserted"] == len(env.source_rows(table))
+        # The mirror asset itself records the rebuild as a materialization of this run.
+        event = env.instance.get_latest_materialization_event(MIRROR_KEYS[table])
+        assert event is not None and event.run_id == result.run_id
+        mirror = event.asset_materialization
+        assert mirror is not None and mirror.metadata["rebuilt"].value is True
+        assert mirror.metadata["applied_lsn"].value == format_lsn(checkpoint)
+
+    # The partition not in the backfill is left alone.
+    assert env.version(NOTES) == versions[NOTES]
+    event = env.instance.get_latest_materialization_event(MIRROR_KEYS[NOTES])
+    assert event is not None and event.run_id not in {r.run_id for r in runs.values()}
+    assert env.instance.get_materialized_partitions(REBUILD_KEY) == set(selected)
+
+
+# -- 4. asset checks -------------------------------------------------------------------------------
+
+
+def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: DagsterEnv, spark: Any) -> None:
+    sync(env, 40)
+    lag_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "lag") for t in TABLES]
+    parity_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "parity") for t in TABLES]
+
+    # Correct tables: lag within the default bound everywhere, parity for one table.
+    checks = check_results(env.execute(dg.AssetSelection.checks(*lag_keys, parity_keys[1])))
+    assert set(checks) == {(t, "lag") for t in TABLES} | {(ORDERS, "parity")}
+    assert all(e.passed for e in checks.values()), {k: e.metadata for k, e in checks.items() if not e.passed}
+    parity = {k: v.value for k, v in checks[(ORDERS, "parity")].metadata.items()}
+    assert parity["source_rows"] == parity["delta_rows"] == len(env.source_rows(ORDERS))
+    assert parity["source_checksum"] == parity["delta_checksum"]
+    for table in TABLES:
+        lag = {k: v.value for k, v in checks[(table, "lag")].metadata.items()}
+        assert lag["applied_lsn"] == format_lsn(env.applied(table))
+        assert 0 <= lag["lag_bytes"] <= lag["bound_bytes"] == 1 << 30
+
+    # Damage one table: parity fails for it, and only for it.
+    version = env.version(ORDERS)
+    DeltaTable.forPath(spark, env.path(ORDERS)).delete("id = 1")
+    try:
+        checks = check_results(env.execute(dg.AssetSelection.checks(*parity_keys)))
+        assert {k: e.passed for k, e in checks.items()} == {
+            (CUSTOMERS, "parity"): True, (ORDERS, "parity"): False, (NOTES, "parity"): True
+        }
+        failed = checks[(ORDERS, "parity")]
+        assert failed.severity == dg.AssetCheckSeverity.ERROR
+        metadata = {k: v.value for k, v in failed.metadata.items()}
+        assert metadata["source_rows"] == len(env.source_rows(ORDERS)) == metadata["delta_rows"] + 1
+        assert metadata["source_checksum"] != metadata["delta_checksum"]
+        assert "differs from its source" in (failed.description or "")
+    finally:  # undo the damage with Delta's time travel (the applied LSN is untouched by both)
+        DeltaTable.forPath(spark, env.path(ORDERS)).restoreToVersion(version)
+    env.assert_mirrors([ORDERS])
+
+    # A lag bound smaller than the lag: the same check, built from a file with a 1-byte bound.
+    strict = env.folder / "cdc-strict.yaml"
+    write_config(strict, max_lag_bytes=1)
+    env.transactions(["INSERT INTO public.scratch VALUES (1)"])  # WAL past every applied LSN
+    strict_defs = build_definitions(load_settings(str(strict)))
+    checks = check_results(execute(strict_defs, env.instance, dg.AssetSelection.checks(*lag_keys), name="strict_lag"))
+    for table in TABLES:
+        evaluation = checks[(table, "lag")]
+        assert not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.WARN
+        lag = {k: v.value for k, v in evaluation.metadata.items()}
+        assert lag["bound_bytes"] == 1 < lag["lag_bytes"]
+
+
+# -- 5. history backfill ---------------------------------------------------------------------------
+
+
+def commit_at(db: Database, moment: datetime, *statements: str) -> None:
+    """One transaction whose commit time, as logical decoding reports it, is ``moment``.
+
+    A session with a replication origin set up commits with the origin's timestamp in its commit
+    record, and logical decoding (hence pgoutput's BEGIN and COMMIT) reports that timestamp as the
+    commit time — how a subscriber replays an upstream transaction. The transaction itself is
+    real: real rows, a real LSN, decoded and drained like any other."""
+    with db.connect() as conn:
+        if not conn.execute("SELECT 1 FROM pg_replication_origin WHERE roname = 'history_test'").fetchall():
+            conn.execute("SELECT pg_replication_origin_create('history_test')")
+        conn.execute("SELECT pg_replication_origin_session_setup('history_test')")
+        try:
+            with conn.transaction():
+                lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+                conn.execute("SELECT pg_replication_origin_xact_setup(%s, %s)", (lsn, moment))
+                for statement in statements:
+                    conn.execute(statement)
+        finally:
+            conn.execute("SELECT pg_replication_origin_session_reset()")
+
+
+def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: DagsterEnv) -> None:
+    today = datetime.now(timezone.utc).date()
+    first, empty, last = (today - timedelta(days=n) for n in (3, 2, 1))
+
+    def at(day: date, hour: int, minute: int = 0) -> datetime:
+        return datetime.combine(day, time(hour, minute), tzinfo=timezone.utc)
+
+    commit_at(env.db, at(first, 12), "INSERT INTO public.notes VALUES (101, 'a', 1)", "INSERT INTO public.notes VALUES (102, 'b', 2)")
+    commit_at(env.db, at(first, 18, 30), "UPDATE public.notes SET body = 'a2' WHERE id = 101")
+    commit_at(
+        env.db, at(last, 9, 15),
+        "DELETE FROM public.notes WHERE id = 102", "UPDATE public.notes SET stars = 7 WHERE id = 101",
+        "UPDATE public.customers SET tier = 'platinum' WHERE id = 3",  # another table, same day
+    )
+    env.transactions(["INSERT INTO public.notes VALUES (103, 'today', 3)"])  # committed now
+    env.run_schedule(tick_time(50))
+
+    # The change log's own account of public.notes, by commit day (snapshot rows are not changes).
+    log: dict[date, list[dict[str, Any]]] = {}
+    for chunk in ChangeLogReader(env.config().changelog_path).read_changes(NOTES):
+        for record in chunk.records.to_pylist():
+            if record["_cdc_op"] != "snapshot":
+                log.setdefault(record["_cdc_commit_time"].astimezone(timezone.utc).date(), []).append(record)
+    assert [r["_cdc_commit_time"] for r in log[first]] == [at(first, 12)] * 2 + [at(first, 18, 30)]
+    assert [r["_cdc_commit_time"] for r in log[last]] == [at(last, 9, 15)] * 2
+    assert empty not in log and today in log  # three commit days with changes, one day without
+
+    # The code location's history partitions: daily (UTC) from the day of the initial snapshot.
+    # These commits carry earlier (upstream) commit days, so the asset is built by the same factory
+    # with its partitions starting at the first of them.
+    settings = load_settings(str(env.config_path))
+    snapshot_day = datetime.fromtimestamp(ChangeLogReader(settings.config.changelog_path).checkpoint().snapshot_time_us / 1e6, timezone.utc).date()
+    located = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES))).partitions_def
+    assert isinstance(located, dg.DailyPartitionsDefinition)
+    assert located.start.date() == snapshot_day and str(located.timezone) == "UTC"
+    history = build_history_asset(settings, settings.config.table(NOTES), at(first, 0))
+    days = [first, empty, last]
+    assert history.partitions_def.get_partition_keys()[:3] == [d.isoformat() for d in days]
+
+    def backfill() -> dict[date, int]:
+        written = {}
+        for day in days:
+            result = dg.materialize(
+                [history], partition_key=day.isoformat(), instance=env.instance, resources=env.defs.resources,
+                tags={"dagster/backfill": "history"},
+            )
+            metadata = materialization(result, history.key)
+            assert metadata["day"] == day.isoformat()
+            written[day] = metadata["dagster/partition_row_count"]
+        return written
+
+    def partitions() -> dict[date, list[dict[str, Any]]]:
+        rows = rust_table(history_path(settings.config, settings.config.table(NOTES))).to_pylist()
+        by_day: dict[date, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_day.setdefault(row["commit_day"], []).append(row)
+        return by_day
+
+    assert backfill() == {first: 3, empty: 0, last: 2}
+    held = partitions()
+    assert set(held) == {first, last}  # the empty day holds nothing; today is outside the range
+    for day in (first, last):
+        got = [history_view(r, "before", "after") for r in held[day]]
+        want = [history_view(r, "old", "new") for r in log[day]]
+        assert canonical(got) == canonical(want), (day, got, want)
+    # The same changes, by hand: operations, images before and after, in commit order.
+    ordered = {day: [(r["_cdc_op"], r["before"], r["after"]) for r in sorted(held[day], key=lambda r: (r["_cdc_commit_lsn"], r["_cdc_position"]))]
+               for day in (first, last)}  # fmt: skip
+    assert ordered[first] == [
+        ("insert", None, {"id": 101, "body": "a", "stars": 1}),
+        ("insert", None, {"id": 102, "body": "b", "stars": 2}),
+        ("update", {"id": 101, "body": "a", "stars": 1}, {"id": 101, "body": "a2", "stars": 1}),
+    ]
+    assert ordered[last] == [
+        ("delete", {"id": 102, "body": "b", "stars": 2}, None),
+        ("update", {"id": 101, "body": "a2", "stars": 1}, {"id": 101, "body": "a2", "stars": 7}),
+    ]
+
+    # The backfill again: every partition the same.
+    assert backfill() == {first: 3, empty: 0, last: 2}
+    again = partitions()
+    assert {d: canonical(rows) for d, rows in again.items()} == {d: canonical(rows) for d, rows in held.items()}
+    assert env.instance.get_materialized_partitions(history.key) == {d.isoformat() for d in days}
+
+
+def history_view(row: dict[str, Any], before: str, after: str) -> dict[str, Any]:
+    """The columns a history row and a change record share: operation, LSNs, position, xid, commit
+    time, images."""
+    keys = ("_cdc_op", "_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_position", "_cdc_xid", "_cdc_commit_time")
+    return {**{k: row[k] for k in keys}, "before": row[before], "after": row[after]}
+
+
+# -- 6. pools and the run queue --------------------------------------------------------------------
+
+
+def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
+    pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
+    monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
+    create_source(pg, tmp_path)
+    config = load_config(tmp_path / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
+    defs = load_code_location()
+
+    # The pools the definitions declare.
+    assert defs.resolve_assets_def(CHANGELOG_KEY).op.pool == f"cdc_drain__{SLOT}"
+    for table in TABLES:
+        slug = table.replace(".", "__")
+        assert defs.resolve_assets_def(MIRROR_KEYS[table]).op.pool == f"cdc_table__{slug}"
+    drain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_drain_schedule").job_name)
+    merge_jobs = {t: defs.resolve_job_def(defs.resolve_sensor_def(f"cdc_merge__{t.replace('.', '__')}").job_name) for t in (CUSTOMERS, NOTES)}
+
+    # The demo's instance settings (pools: limit 1, run granularity), the queued run coordinator,
+    # and a launcher that executes drains in this process and holds merges as "starting".
+    overrides = {
+        **DEMO_INSTANCE,
+        "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
+        "run_launcher": {"module": "tests.support.dagster_env", "class": "ThreadRunLauncher"},
+    }
+    ThreadRunLauncher.JOBS = {drain_job.name: drain_job}
+    ThreadRunLauncher.HOLD = {job.name for job in merge_jobs.values()}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+        workspace = SimpleNamespace(instance=instance, create_request_context=lambda: None)
+
+        def submit(job: dg.JobDefinition) -> str:
+            run = instance.create_run_for_job(job, execution_plan=create_execution_plan(job), status=dg.DagsterRunStatus.NOT_STARTED)
+            return instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None)).run_id  # type: ignore[arg-type]
+
+        def dequeue() -> dict[str, dg.DagsterRunStatus]:
+            list(daemon.run_iteration(workspace))  # type: ignore[arg-type]
+            return {name: instance.get_run_by_id(run_id).status for name, run_id in runs.items()}  # type: ignore[union-attr]
+
+        def finished(name: str) -> bool:
+            return instance.get_run_by_id(runs[name]).status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)  # type: ignore[union-attr]
+
+        env_transactions(pg, ROUND_1)
+        runs = {
+            "drain 1": submit(drain_job), "drain 2": submit(drain_job),
+            "customers 1": submit(merge_jobs[CUSTOMERS]), "customers 2": submit(merge_jobs[CUSTOMERS]),
+            "notes": submit(merge_jobs[NOTES]),
+        }  # fmt: skip
+        assert instance.get_run_by_id(runs["drain 1"]).run_op_concurrency.all_pools == {f"cdc_drain__{SLOT}"}  # type: ignore[union-attr]
+        queued, starting = dg.DagsterRunStatus.QUEUED, (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+
+        with DrainLock(config.source, wait=False):  # the first drain will wait for this lock
+            statuses = dequeue()
+            assert statuses["drain 1"] in starting and statuses["drain 2"] == queued
+            assert statuses["customers 1"] in starting and statuses["customers 2"] == queued
+            assert statuses["notes"] in starting  # another table's pool: not blocked
+            wait_until(lambda: advisory_waiters(pg) == 1, timeout=60, what="the first drain waiting for the drain lock")
+            assert instance.get_run_by_id(runs["drain 1"]).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
+            statuses = dequeue()  # the first drain is running: the second stays queued
+            assert statuses["drain 2"] == queued and statuses["customers 2"] == queued
+        wait_until(lambda: finished("drain 1"), timeout=120, what="the first drain to finish")
+        statuses = dequeue()
+        assert statuses["drain 1"] == dg.DagsterRunStatus.SUCCESS and statuses["drain 2"] in starting
+        wait_until(lambda: finished("drain 2"), timeout=120, what="the second drain to finish")
+        launcher = instance.run_launcher
+        assert not launcher.errors  # type: ignore[attr-defined]
+        first, second = (instance.get_run_record_by_id(runs[n]) for n in ("drain 1", "drain 2"))
+        assert first.dagster_run.status == second.dagster_run.status == dg.DagsterRunStatus.SUCCESS  # type: ignore[union-attr]
+        assert first.end_time <= second.start_time  # type: ignore[operator,union-attr]
+        records = instance.fetch_materializations(CHANGELOG_KEY, limit=10).records
+        changes = {r.run_id: r.asset_materialization.metadata["changes"].value for r in records}  # type: ignore[union-attr]
+        assert changes == {runs["drain 1"]: sum(ROUND_1_CHANGES.values()), runs["drain 2"]: 0}
+
+        # A merge whose run is cancelled before its worker started frees the table's pool.
+        assert statuses["customers 2"] == queued
+        assert instance.run_coordinator.cancel_run(runs["customers 1"])
+        statuses = dequeue()
+        assert statuses["customers 1"] == dg.DagsterRunStatus.CANCELED and statuses["customers 2"] in starting
+        for name in ("customers 2", "notes"):
+            assert instance.run_coordinator.cancel_run(runs[name])
+
+
+def env_transactions(db: Database, transactions: list[list[str]]) -> None:
+    with db.connect() as conn:
+        for statements in transactions:
+            with conn.transaction():
+                for statement in statements:
+                    conn.execute(statement)
+
+
+def advisory_waiters(db: Database) -> int:
+    return db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")[0][0]
+
+
+def test_cancelled_run_frees_its_pool_slot_with_the_deployment_run_monitoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The deployment's and the demo's instance files pass Dagster's instance config validation.
+    for name in ("DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB"):
+        monkeypatch.setenv(name, "dagster")
+    deployed, _ = dagster_instance_config(str(DEPLOY))
+    for settings in (deployed, DEMO_INSTANCE):
+        assert settings["concurrency"]["pools"] == {"default_limit": 1, "granularity": "run"}
+        assert settings["run_monitoring"]["enabled"] is True
+        assert settings["run_monitoring"]["free_slots_after_run_end_seconds"] > 0
+    seconds = deployed["run_monitoring"]["free_slots_after_run_end_seconds"]
+    pool, step = f"cdc_drain__{SLOT}", "cdc__changelog"
+    logger = logging.getLogger("test_dagster")
+
+    # With op granularity slots are claimed in the instance; a run killed while holding one never
+    # frees it. Run monitoring does, once the run has been over for that many seconds.
+    for monitoring, frees in ((deployed["run_monitoring"], True), ({"enabled": True}, False)):
+        overrides = {"concurrency": {"pools": {"default_limit": 1, "granularity": "op"}}, "run_monitoring": monitoring}
+        with dg.instance_for_test(overrides=overrides) as instance:
+            storage = instance.event_log_storage
+            assert storage.initialize_concurrency_limit_to_default(pool)
+            killed = create_run_for_test(instance, job_name="drain", status=dg.DagsterRunStatus.STARTED)
+            waiting = create_run_for_test(instance, job_name="drain", status=dg.DagsterRunStatus.STARTED)
+            assert storage.claim_concurrency_slot(pool, killed.run_id, step).is_claimed
+            instance.report_run_canceled(killed)
+            assert not storage.claim_concurrency_slot(pool, waiting.run_id, step).is_claimed
+            workspace = SimpleNamespace(instance=instance)
+            list(execute_concurrency_slots_iteration(workspace, logger))  # type: ignore[arg-type]
+            assert storage.get_concurrency_info(pool).active_run_ids == {killed.run_id}  # too early
+            ended = instance.get_run_record_by_id(killed.run_id).end_time  # type: ignore[union-attr]
+            with freeze_time(ended + seconds + 1):
+                list(execute_concurrency_slots_iteration(workspace, logger))  # type: ignore[arg-type]
+            if frees:
+                assert storage.get_concurrency_info(pool).active_run_ids == set()
+                assert storage.claim_concurrency_slot(pool, waiting.run_id, step).is_claimed
+            else:
+                assert storage.get_concurrency_info(pool).active_run_ids == {killed.run_id}

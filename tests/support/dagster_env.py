@@ -1,7 +1,8 @@
 """The code location around one test database, driven in-process the way Dagster's daemons would.
 
 :class:`DagsterEnv` owns a folder with a cdc-assets configuration for three tables (a
-``REPLICA IDENTITY FULL`` table, a row-filtered table and a plain one), a persistent Dagster test
+plain keyed one, a row-filtered one and a ``REPLICA IDENTITY FULL`` one, whose updates and deletes
+carry the whole old row), a persistent Dagster test
 instance, and the code location's definitions loaded through its real entry point
 (``dagster_project.definitions.defs`` with ``CDC_CONFIG`` set). It evaluates the drain schedule and
 the per-table sensors as the daemon would (``build_schedule_context`` / ``build_sensor_context``
@@ -27,12 +28,12 @@ from typing import Any, ClassVar
 
 import dagster as dg
 import yaml
-from deltalake import DeltaTable as RustDeltaTable
 from dagster._core.definitions.job_base import InMemoryJob
 from dagster._core.execution.api import execute_run
 from dagster._core.launcher import LaunchRunContext, RunLauncher
 from dagster._serdes import ConfigurableClass
 from dagster._serdes.config_class import ConfigurableClassData
+from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -52,14 +53,14 @@ SPARK = {
 
 DDL = """
 CREATE TABLE public.customers (id int PRIMARY KEY, name text NOT NULL, tier text, since date);
-ALTER TABLE public.customers REPLICA IDENTITY FULL;
 CREATE TABLE public.orders (id int PRIMARY KEY, customer_id int, status text NOT NULL, amount numeric(10,2));
-CREATE TABLE public.notes (id int PRIMARY KEY, body text);
+CREATE TABLE public.notes (id int PRIMARY KEY, body text, stars int);
+ALTER TABLE public.notes REPLICA IDENTITY FULL;
 CREATE TABLE public.scratch (n int);
 INSERT INTO public.customers SELECT i, 'customer ' || i, 'silver', DATE '2024-01-01' + i FROM generate_series(1, 5) i;
 INSERT INTO public.orders SELECT i, 1 + i % 5, CASE WHEN i % 3 = 0 THEN 'draft' ELSE 'paid' END, i * 10.5
   FROM generate_series(1, 6) i;
-INSERT INTO public.notes SELECT i, 'note ' || i FROM generate_series(1, 3) i;
+INSERT INTO public.notes SELECT i, 'note ' || i, i FROM generate_series(1, 3) i;
 """
 
 

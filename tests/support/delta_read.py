@@ -52,7 +52,11 @@ ORDER BY a.attnum
 
 
 def spark_table(spark: Any, path: str) -> pa.Table:
-    return spark.read.format("delta").load(path).toArrow()
+    """The table as Spark reads it (its schema's column order kept, even with no rows)."""
+    frame = spark.read.format("delta").load(path)
+    table = frame.toArrow()
+    assert table.column_names == frame.columns
+    return table
 
 
 def rust_table(path: str) -> pa.Table:
@@ -62,7 +66,6 @@ def rust_table(path: str) -> pa.Table:
 
 def spark_rows(spark: Any, path: str) -> list[Row]:
     return spark_table(spark, path).to_pylist()
-
 
 def rust_rows(path: str) -> list[Row]:
     return rust_table(path).to_pylist()

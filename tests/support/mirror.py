@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,11 @@ from cdc_assets.drain import DrainResult, drain
 from cdc_assets.setup import SetupResult, setup
 from tests.conftest import Database
 from tests.support.delta_read import (
-    delta_columns,
     delta_version,
     difference,
-    rust_rows,
+    rust_table,
     source_rows,
-    spark_rows,
+    spark_table,
     split_metadata,
 )
 
@@ -133,22 +131,23 @@ class Mirror:
 
     def delta(self, table: str) -> list[dict[str, Any]]:
         """The table's rows, read by Spark and by delta-rs, asserted equal (metadata included)."""
+        return self._read(table)[1]
+
+    def _read(self, table: str) -> tuple[list[str], list[dict[str, Any]]]:
         path = self.path(table)
-        t0 = time.monotonic()
-        by_spark = spark_rows(self.spark, path)
-        t1 = time.monotonic()
-        by_rust = rust_rows(path)
-        print(f"  spark {t1 - t0:.1f} s, delta-rs {time.monotonic() - t1:.1f} s")
-        problem = difference(by_spark, by_rust, ("Spark", "delta-rs"))
+        by_spark = spark_table(self.spark, path)
+        by_rust = rust_table(path)
+        spark_rows, rust_rows = by_spark.to_pylist(), by_rust.to_pylist()
+        problem = difference(spark_rows, rust_rows, ("Spark", "delta-rs"))
         assert not problem, f"{table}: Spark and delta-rs read different rows:\n{problem}"
-        return by_spark
+        assert by_rust.column_names == by_spark.column_names, (by_spark.column_names, by_rust.column_names)
+        return by_spark.column_names, spark_rows
 
     def check(self, table: str, *, where: str | None = None, expected: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Both readers agree; the data equals the source (``SELECT * [WHERE where]``) or
-        ``expected``; the columns are the source's plus the metadata columns; every row's
-        ``_cdc_lsn`` is at most the applied LSN. Returns the rows (without metadata)."""
-        started = time.monotonic()
-        rows = self.delta(table)
+        ``expected``; the columns are the source's, in order, then the metadata columns; every
+        row's ``_cdc_lsn`` is at most the applied LSN. Returns the rows (without metadata)."""
+        in_delta, rows = self._read(table)
         data, meta = split_metadata(rows)
         with self.db.connect() as conn:
             source = source_rows(conn, table, where)
@@ -160,13 +159,11 @@ class Mirror:
             ).fetchall()]
         problem = difference(data, expected, ("Delta", "the source" if expected is source else "the expected rows"))
         assert not problem, f"{table}: Delta differs:\n{problem}"
-        in_delta = delta_columns(self.spark, self.path(table))
         assert in_delta == [*columns, LSN, COMMIT_TIME], f"{table}: Delta has columns {in_delta}, the source {columns}"
         applied = self.applied(table)
         assert applied is not None
         assert all(m[LSN] is not None and 0 < m[LSN] <= applied for m in meta), (applied, meta)
         assert all(m[COMMIT_TIME] is not None for m in meta)
-        print(f"checked {table} ({len(data)} rows) in {time.monotonic() - started:.1f} s")
         return data
 
 

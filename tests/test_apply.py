@@ -28,8 +28,6 @@ from tests.conftest import Database
 from tests.support.delta_read import difference
 from tests.support.mirror import Mirror
 
-RANDOM_20K = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 640))"
-
 
 @pytest.fixture
 def mirror_of(pg: Database, spark: Any, tmp_path: Path):  # type: ignore[no-untyped-def]

@@ -11,7 +11,8 @@ source and record the checkpoint as its applied LSN (issue 4's acceptance: ≥ 2
   whole group — the Python process and its Spark JVM — at a point chosen by the attempt's
   *target phase*:
 
-  ``drain``        after the drain lock is granted on the source, 0–0.4 s later;
+  ``drain``        after the drain lock is granted on the source, 0–0.2 s later (the attempt
+                   starts after one transaction of :data:`BACKLOG` rows, so the drain lasts);
   ``spark-start``  after the drain's summary line, 0–15 s later (Spark takes 15–30 s to start
                    here, so this lands in the JVM start or in the first merge);
   ``merge``        after ``k`` (0–3) per-table summary lines — ``k = 0``: after the first new
@@ -123,6 +124,12 @@ class Writer(threading.Thread):
         if self.error is not None:
             raise self.error
 
+
+# One transaction the workload does not make: enough rows that a drain takes seconds.
+BACKLOG = (
+    "INSERT INTO {table} (kind, payload, at)"
+    " SELECT 'backlog', jsonb_build_object('n', g, 'pad', repeat('x', 40)), now() FROM generate_series(1, 150000) g"
+)
 
 @dataclass
 class Attempt:
@@ -261,10 +268,12 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
             rng.shuffle(order)
             write_config(tmp_path, order)
             wall = time.time()
+            if target == "drain":  # a backlog that takes the drain seconds, not a fraction of one
+                monitor.execute(BACKLOG.format(table=f"{SCHEMA}.events"))
             attempt = Attempt.start(config_path, pg.dsn)
             fired = _wait_for_target(attempt, target, monitor, warehouse, wall, rng)
             if fired:
-                delay = {"drain": rng.uniform(0, 0.4), "spark-start": rng.uniform(0, 15), "merge": rng.uniform(0, 4)}[target]
+                delay = {"drain": rng.uniform(0, 0.2), "spark-start": rng.uniform(0, 15), "merge": rng.uniform(0, 4)}[target]
                 try:
                     attempt.process.wait(timeout=delay)  # the random delay is the experiment
                 except subprocess.TimeoutExpired:

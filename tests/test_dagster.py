@@ -28,6 +28,7 @@ from dagster._core.execution.api import create_execution_plan
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.remote_representation.external_data import RepositorySnap
 from dagster._core.run_coordinator import SubmitRunContext
+from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.test_utils import create_run_for_test, freeze_time
 from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
@@ -72,6 +73,7 @@ CUSTOMERS, ORDERS, NOTES = TABLES
 SECRET_DSN = "postgresql://cdc_reader:Sup3r-S3cret-Pw@db.example.internal:5432/shop"
 DEMO_INSTANCE = yaml.safe_load(DEMO_INSTANCE_YAML)
 DEPLOY = ROOT / "deploy"
+QUEUE_SLOT = "cdc_queue_slot"
 MIRROR_KEYS = {t: dg.AssetKey(["delta", *t.split(".")]) for t in TABLES}
 
 # Round 1 leaves public.notes idle; round 2 changes public.notes only. Every statement changes one
@@ -108,11 +110,11 @@ ROUND_2_MERGED = {NOTES: (2, 0, 2)}
 # -- fixtures and helpers ---------------------------------------------------------------------------
 
 
-def create_source(db: Database, folder: Path) -> None:
+def create_source(db: Database, folder: Path, slot: str = SLOT) -> None:
     """The three tables with rows, the configuration file, and ``cdc-assets setup``."""
     with db.connect() as conn:
         conn.execute(DDL)
-    write_config(folder / "cdc.yaml")
+    write_config(folder / "cdc.yaml", slot=slot)
     setup(load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: db.dsn}))
 
 
@@ -335,7 +337,8 @@ def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: Da
     checkpoint = env.checkpoint_lsn()
     before = {t: rust_table(env.path(t)).to_pylist() for t in TABLES}  # data and _cdc_ metadata
     versions = {t: env.version(t) for t in TABLES}
-    assert all(env.applied(t) == checkpoint for t in TABLES)
+    applied = {t: env.applied(t) for t in TABLES}  # each table's last merge: at or below the checkpoint
+    assert all(lsn is not None and lsn <= checkpoint for lsn in applied.values())
 
     # Damage two tables behind the pipeline's back.
     DeltaTable.forPath(spark, env.path(CUSTOMERS)).delete("id = 1")
@@ -355,7 +358,7 @@ def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: Da
         problem = difference(after, before[table], ("rebuilt", "incrementally merged"))
         assert not problem, f"{table}: the rebuild differs from the incremental merges:\n{problem}"
         env.assert_mirrors([table])
-        assert env.applied(table) == checkpoint  # still at the checkpoint
+        assert env.applied(table) == checkpoint  # the change log's checkpoint, as a merge would record it
         assert env.version(table) > versions[table] + 1  # the damage, then the rebuild's commit
         rebuilt = materialization(result, REBUILD_KEY)
         assert rebuilt["applied_lsn"] == format_lsn(checkpoint)
@@ -368,7 +371,7 @@ def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: Da
         assert mirror.metadata["applied_lsn"].value == format_lsn(checkpoint)
 
     # The partition not in the backfill is left alone.
-    assert env.version(NOTES) == versions[NOTES]
+    assert env.version(NOTES) == versions[NOTES] and env.applied(NOTES) == applied[NOTES]
     event = env.instance.get_latest_materialization_event(MIRROR_KEYS[NOTES])
     assert event is not None and event.run_id not in {r.run_id for r in runs.values()}
     assert env.instance.get_materialized_partitions(REBUILD_KEY) == set(selected)
@@ -549,12 +552,12 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
 ) -> None:
     monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
     monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
-    create_source(pg, tmp_path)
+    create_source(pg, tmp_path, QUEUE_SLOT)  # slots are per cluster: not the module pipeline's
     config = load_config(tmp_path / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
     defs = load_code_location()
 
     # The pools the definitions declare.
-    assert defs.resolve_assets_def(CHANGELOG_KEY).op.pool == f"cdc_drain__{SLOT}"
+    assert defs.resolve_assets_def(CHANGELOG_KEY).op.pool == f"cdc_drain__{QUEUE_SLOT}"
     for table in TABLES:
         slug = table.replace(".", "__")
         assert defs.resolve_assets_def(MIRROR_KEYS[table]).op.pool == f"cdc_table__{slug}"
@@ -568,14 +571,19 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
         "run_launcher": {"module": "tests.support.dagster_env", "class": "ThreadRunLauncher"},
     }
-    ThreadRunLauncher.JOBS = {drain_job.name: drain_job}
     ThreadRunLauncher.HOLD = {job.name for job in merge_jobs.values()}
     with dg.instance_for_test(overrides=overrides) as instance:
         daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
+        location = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("cdc_assets"), "__repository__")
         workspace = SimpleNamespace(instance=instance, create_request_context=lambda: None)
 
         def submit(job: dg.JobDefinition) -> str:
-            run = instance.create_run_for_job(job, execution_plan=create_execution_plan(job), status=dg.DagsterRunStatus.NOT_STARTED)
+            run = instance.create_run_for_job(
+                job,
+                execution_plan=create_execution_plan(job),
+                status=dg.DagsterRunStatus.NOT_STARTED,
+                remote_job_origin=RemoteJobOrigin(location, job.name),  # queued runs must name their code location
+            )
             return instance.run_coordinator.submit_run(SubmitRunContext(run, workspace=None)).run_id  # type: ignore[arg-type]
 
         def dequeue() -> dict[str, dg.DagsterRunStatus]:
@@ -585,13 +593,19 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
         def finished(name: str) -> bool:
             return instance.get_run_by_id(runs[name]).status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)  # type: ignore[union-attr]
 
+        # Dagster enforces a pool from the dequeue pass after the one that first sees it (the pass
+        # reads the configured pools before it initializes new ones): a deployment's pools exist
+        # after their first runs; here they are set up front, as `dagster instance concurrency` would.
+        pools = {f"cdc_drain__{QUEUE_SLOT}"} | {f"cdc_table__{t.replace('.', '__')}" for t in TABLES}
+        for pool in pools:
+            assert instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
         env_transactions(pg, ROUND_1)
         runs = {
             "drain 1": submit(drain_job), "drain 2": submit(drain_job),
             "customers 1": submit(merge_jobs[CUSTOMERS]), "customers 2": submit(merge_jobs[CUSTOMERS]),
             "notes": submit(merge_jobs[NOTES]),
         }  # fmt: skip
-        assert instance.get_run_by_id(runs["drain 1"]).run_op_concurrency.all_pools == {f"cdc_drain__{SLOT}"}  # type: ignore[union-attr]
+        assert instance.get_run_by_id(runs["drain 1"]).run_op_concurrency.all_pools == {f"cdc_drain__{QUEUE_SLOT}"}  # type: ignore[union-attr]
         queued, starting = dg.DagsterRunStatus.QUEUED, (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 
         with DrainLock(config.source, wait=False):  # the first drain will wait for this lock

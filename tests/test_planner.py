@@ -20,6 +20,7 @@ from cdc_assets.apply.planner import (
     ChangePlan,
     PlanError,
     RecordChunk,
+    fill_from_history,
     plan_changes,
 )
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
@@ -269,6 +270,29 @@ def test_unchanged_toast_through_a_chain_of_key_changes_fills_from_the_first_key
         upsert({"id": 3, "v": "c", "big": None}, lsn_c, ["big"], {"id": 1}),
     ]
 
+
+def test_unresolved_toast_filled_from_the_whole_history() -> None:
+    """Rows a row filter kept out of Delta cannot fill their 'u' columns from it: the plan of the
+    whole log (snapshot onward) fills them, through key changes, and leaves resolved rows alone."""
+    history = ChangeLog(TOASTY)
+    history.snapshot([{"id": 1, "v": "a", "big": "one"}, {"id": 2, "v": "b", "big": "two"}, {"id": 5, "v": "e", "big": "five"}])
+    history.update({"id": 3, "v": "c"}, old={"id": 2}, unchanged=["big"])  # applied earlier
+    batch = ChangeLog(TOASTY)  # the records after the applied LSN, also at the end of the history
+    for log in (history, batch):
+        lsn1 = log.update({"id": 1, "v": "a2"}, unchanged=["big"])
+        lsn3 = log.update({"id": 4, "v": "d"}, old={"id": 3}, unchanged=["big"])
+        lsn5 = log.update({"id": 5, "v": "e2", "big": "FIVE"})
+    plan = plan_of(batch)
+    assert plan.has_unresolved
+    filled = fill_from_history(plan, plan_of(history))
+    assert not filled.has_unresolved
+    assert keyed_rows(filled) == [
+        gone(3, lsn3),
+        upsert({"id": 1, "v": "a2", "big": "one"}, lsn1),
+        upsert({"id": 4, "v": "d", "big": "two"}, lsn3),
+        upsert({"id": 5, "v": "e2", "big": "FIVE"}, lsn5),
+    ]
+    assert fill_from_history(filled, plan_of(history)) is filled  # nothing left to fill
 
 def test_unchanged_toast_of_two_columns_resolved_separately() -> None:
     """One column resolved from the batch, the other left to Delta; a later update that sends a

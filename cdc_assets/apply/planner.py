@@ -27,7 +27,7 @@ table itself says whether the old image matched (see :mod:`cdc_assets.apply.merg
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -106,6 +106,50 @@ def plan_changes(
         return _multiset_plan(events)
     return _keyed_plan(events, relation.key_columns)
 
+
+
+def fill_from_history(plan: ChangePlan, history: ChangePlan) -> ChangePlan:
+    """``plan`` with its unresolved columns taken from ``history``, the plan of the table's whole
+    change log up to the same LSN (which starts from the snapshot, so it resolves every value).
+
+    The Delta table cannot fill an unresolved column of a row it does not hold: with a row filter,
+    an UPDATE that moves a row into the filter without touching its TOASTed columns carries them
+    as ``'u'`` while the row was never written. ``history``'s final image of the same key has them.
+    """
+    if not plan.has_unresolved:
+        return plan
+    if history.mode != "keyed" or history.key != plan.key:
+        raise ValueError("history must be the keyed plan of the same table")
+    rows = plan.rows
+    names = [c.name for c in plan.relation.columns]
+    unresolved = rows.column(UNRESOLVED).combine_chunks()
+    known = history.rows.filter(pc.equal(history.rows.column(ACTION), UPSERT))
+    lookup = known.select(list(plan.key)).append_column("__history_row", pa.array(np.arange(known.num_rows), pa.int64()))
+    position = rows.select(list(plan.key)).append_column("__plan_row", pa.array(np.arange(rows.num_rows), pa.int64()))
+    joined = _groupable(position).join(_groupable(lookup), list(plan.key), join_type="inner", use_threads=False)
+    at = np.full(rows.num_rows, -1, dtype=np.int64)
+    at[joined.column("__plan_row").to_numpy()] = joined.column("__history_row").to_numpy()
+    found = at >= 0
+    from_history = known.take(pa.array(np.where(found, at, 0), pa.int64())) if known.num_rows else None
+    parents = pc.list_parent_indices(unresolved).to_numpy()
+    listed = pc.list_flatten(unresolved)
+    left: list[list[str] | None] = unresolved.to_pylist()
+    for name in names:
+        mask = np.zeros(rows.num_rows, dtype=bool)
+        mask[parents[pc.equal(listed, name).to_numpy(zero_copy_only=False)]] = True
+        mask &= found
+        if not mask.any() or from_history is None:
+            continue
+        index = rows.column_names.index(name)
+        earlier = from_history.column(name).cast(rows.schema.field(name).type)
+        filled = pc.if_else(pa.array(mask), earlier, rows.column(name))
+        rows = rows.set_column(index, rows.field(index), filled)
+        for i in np.flatnonzero(mask):
+            left[i] = [c for c in left[i] or () if c != name] or None
+    rows = rows.set_column(rows.column_names.index(UNRESOLVED), rows.schema.field(UNRESOLVED), pa.array(left, pa.list_(pa.string())))
+    fill_key = pc.if_else(pa.array([u is None for u in left]), pa.nulls(rows.num_rows, rows.schema.field(FILL_KEY).type), rows.column(FILL_KEY))
+    rows = rows.set_column(rows.column_names.index(FILL_KEY), rows.schema.field(FILL_KEY), fill_key)
+    return replace(plan, rows=rows)
 
 # -- the records, flattened to the latest schema ---------------------------------------------------
 

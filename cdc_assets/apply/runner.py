@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.merge import write_plan
-from cdc_assets.apply.planner import RecordChunk, plan_changes
+from cdc_assets.apply.planner import RecordChunk, fill_from_history, plan_changes
 from cdc_assets.apply.target import DeltaTarget, app_id
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, TableConfig, TableName
@@ -99,6 +99,9 @@ def apply_table(config: Config, table: TableConfig, spark: SparkSession, reader:
         result.skipped = "no changes"
         return result
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)
+    if table.row_filter and plan.has_unresolved:  # rows moving into the filter are not in Delta to fill from
+        history = [RecordChunk(c.relation, c.records) for c in reader.read_changes(name, upto=lsn)]
+        plan = fill_from_history(plan, plan_changes(history, state.relation, truncate=table.truncate))
     counts = write_plan(target, plan, lsn, row_filter=table.row_filter)
     result.records = plan.records
     result.inserted, result.updated, result.deleted = counts.inserted, counts.updated, counts.deleted

@@ -5,8 +5,9 @@ A classic session gets Delta's SQL extension and catalog, and Delta's jars throu
 ``~/.ivy2.5.2``). The delta-spark 4.4.1 Python package has no jars of its own and its 4.4.1 jars
 are not on Maven Central, so the package requested is the newest published one for this Spark
 minor (``DELTA_JARS_VERSION``); set ``spark.jars.packages`` or ``spark.jars`` in the
-configuration to choose other jars (e.g. for an offline cluster). A Spark Connect server must
-have Delta installed itself.
+configuration to choose other jars (e.g. for an offline cluster). When Delta's jar is already on
+Spark's own classpath (``$SPARK_HOME/jars``, as in deploy/Dockerfile's image), nothing is
+resolved. A Spark Connect server must have Delta installed itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pyspark
 from pyspark.sql import SparkSession
@@ -49,12 +51,20 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         # version; the default (50) makes each read and MERGE of a small table take tens of
         # seconds on a few local cores.
         settings["spark.databricks.delta.snapshotPartitions"] = str(_local_cores(master))
-    if "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
+    if "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf and not delta_on_classpath():
         settings["spark.jars.packages"] = delta_package()
     if not os.environ.get("HOME"):
         settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
     settings.update(config.conf)
     return settings
+
+
+def delta_on_classpath() -> bool:
+    """Whether Spark's own jars (pyspark's ``jars`` folder, or ``$SPARK_HOME/jars``) include Delta."""
+    folders = {Path(pyspark.__file__).resolve().parent / "jars"}
+    if os.environ.get("SPARK_HOME"):
+        folders.add(Path(os.environ["SPARK_HOME"]) / "jars")
+    return any(any(folder.glob("*delta-spark_*.jar")) for folder in folders if folder.is_dir())
 
 
 def _local_cores(master: str) -> int:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import dagster as dg
 import yaml
-from dagster._core.definitions.job_base import InMemoryJob
+from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.execution.api import execute_run
 from dagster._core.launcher import LaunchRunContext, RunLauncher
 from dagster._serdes import ConfigurableClass
@@ -70,10 +70,11 @@ def config_document(
     cron: str | None = None,
     max_lag_bytes: int | None = None,
     tables: Sequence[str] = TABLES,
+    slot: str = SLOT,
 ) -> dict[str, Any]:
     """A configuration file's content (paths relative to the file's folder)."""
     document: dict[str, Any] = {
-        "source": {"dsn": dsn, "slot": SLOT, "publication": "cdc_pub"},
+        "source": {"dsn": dsn, "slot": slot, "publication": "cdc_pub"},
         "changelog": {"path": "./changelog"},
         "warehouse": {"path": "./warehouse"},
         "spark": SPARK,
@@ -89,6 +90,9 @@ def write_config(path: Path, **settings: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config_document(**settings), sort_keys=False))
     return path
+
+
+CODE_LOCATION_MODULE = "dagster_project.definitions"
 
 
 def load_code_location() -> dg.Definitions:
@@ -250,10 +254,16 @@ class ThreadRunLauncher(RunLauncher, ConfigurableClass):
     """Executes a dequeued run in a thread of this process, or holds it (``STARTING``, as a run
     whose worker has not started) when its job is in :attr:`HOLD`. ``terminate`` cancels a held run.
 
-    Jobs come from :attr:`JOBS` (name → definition), set by the test before dequeuing."""
+    A run's job is loaded from the code location module, as a run worker loads it, so the
+    default multiprocess executor runs its steps in processes of their own.
 
-    JOBS: ClassVar[dict[str, dg.JobDefinition]] = {}
+    Runs execute one at a time (:attr:`EXECUTING`): two runs in threads of one process deadlock
+    in Dagster's log set-up (``logging.config.dictConfig`` takes the logging lock, then each
+    handler's; a run emitting an event holds its handler's, then wants the logging lock). A run
+    dequeued wrongly still shows: the coordinator marks it ``STARTING`` when it launches it."""
+
     HOLD: ClassVar[set[str]] = set()
+    EXECUTING: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, inst_data: ConfigurableClassData | None = None) -> None:
         self._inst_data = inst_data
@@ -279,11 +289,12 @@ class ThreadRunLauncher(RunLauncher, ConfigurableClass):
         if run.job_name in self.HOLD:
             self.held.add(run.run_id)
             return
-        job = InMemoryJob(self.JOBS[run.job_name])
+        job = ReconstructableRepository.for_module(CODE_LOCATION_MODULE, "defs").get_reconstructable_job(run.job_name)
 
         def work() -> None:
             try:
-                execute_run(job, run, self._instance)
+                with self.EXECUTING:
+                    execute_run(job, run, self._instance)
             except BaseException as error:  # noqa: BLE001 - reported to the test
                 self.errors[run.run_id] = error
 

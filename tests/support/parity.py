@@ -158,13 +158,51 @@ def multiset(table: pa.Table) -> Counter[tuple[Any, ...]]:
     return Counter(tuple(freeze(v) for v in row) for row in zip(*columns))
 
 
-def diff_multisets(left: Counter[Any], right: Counter[Any], left_name: str, right_name: str, names: list[str]) -> list[str]:
+def diff_multisets(
+    left: Counter[Any], right: Counter[Any], left_name: str, right_name: str, names: list[str], key: list[str] | None = None
+) -> list[str]:
+    """Every row in one multiset and not the other; with ``key``, a row on each side under the
+    same key is shown as the columns that differ."""
+    only_left, only_right = left - right, right - left
     lines = []
-    for row, count in sorted((left - right).items(), key=repr):
+    if key:
+        index = [names.index(k) for k in key]
+        by_key: dict[Any, list[Any]] = {}
+        for row in only_right:
+            by_key.setdefault(tuple(row[i] for i in index), []).append(row)
+        for row in sorted(only_left, key=repr):
+            same = by_key.get(tuple(row[i] for i in index))
+            if same and only_left[row] == 1 and only_right[same[0]] == 1:
+                other = same.pop(0)
+                del only_right[other]
+                del only_left[row]
+                changed = [
+                    f"{n}: {left_name} {_short(a, 80)}, {right_name} {_short(b, 80)}"
+                    for n, a, b in zip(names, row, other) if a != b
+                ]
+                lines.append(f"key {dict(zip(key, (row[i] for i in index)))}: " + "; ".join(changed))
+    for row, count in sorted(only_left.items(), key=repr):
         lines.append(f"{count} x only in {left_name}: {_short(dict(zip(names, row)))}")
-    for row, count in sorted((right - left).items(), key=repr):
+    for row, count in sorted(only_right.items(), key=repr):
         lines.append(f"{count} x only in {right_name}: {_short(dict(zip(names, row)))}")
     return lines
+
+
+_KEY = """
+SELECT a.attname::text
+FROM pg_class c
+JOIN pg_index i ON i.indrelid = c.oid
+  AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
+JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n) ON true
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+WHERE c.oid = to_regclass(%s)
+ORDER BY k.n
+"""
+
+
+def identity_key(conn: psycopg.Connection[Any], table: TableConfig) -> list[str]:
+    """The replica identity key columns (none for FULL, NOTHING, or DEFAULT without a primary key)."""
+    return [name for (name,) in conn.execute(_KEY, (table.name.sql,)).fetchall()]
 
 
 def compare_table(
@@ -179,6 +217,7 @@ def compare_table(
     want = multiset(expected)
     path = config.target_path(table)
     names = expected.column_names
+    key = identity_key(conn, table)
     readers: dict[str, Counter[Any]] = {}
     if spark is not None:
         got, problems = conform(read_spark(spark, path), expected.schema, "spark")
@@ -193,10 +232,10 @@ def compare_table(
             result.rust_rows = got.num_rows
             readers["delta-rs"] = multiset(got)
     for reader, rows in readers.items():
-        result.problems += diff_multisets(want, rows, "the source", f"Delta ({reader})", names)
+        result.problems += diff_multisets(want, rows, "the source", f"Delta ({reader})", names, key)
     if len(readers) == 2 and readers["spark"] != readers["delta-rs"]:
         result.problems.append("the readers disagree:")
-        result.problems += diff_multisets(readers["spark"], readers["delta-rs"], "spark", "delta-rs", names)
+        result.problems += diff_multisets(readers["spark"], readers["delta-rs"], "spark", "delta-rs", names, key)
     return result
 
 

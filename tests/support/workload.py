@@ -942,3 +942,29 @@ class Workload:
         if dml:
             self.stats.ops += 1
             self._unit_ops += 1
+
+
+def log_coverage(changelog: str) -> dict[str, dict[str, int]]:
+    """What the change log of a run holds, per table: records by operation, key changes, updates
+    with unchanged TOAST columns, old images by kind — evidence that the workload exercised what
+    it claims to."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from cdc_assets.changelog.reader import ChangeLogReader
+
+    reader = ChangeLogReader(changelog)
+    out: dict[str, dict[str, int]] = {}
+    for table in reader.tables():
+        counts: dict[str, int] = {}
+        for chunk in reader.read_changes(table):
+            records = chunk.records
+            for op, n in zip(*np.unique(records.column("_cdc_op").to_numpy(zero_copy_only=False), return_counts=True)):
+                counts[str(op)] = counts.get(str(op), 0) + int(n)
+            kinds = records.column("_cdc_old_kind").to_pylist()
+            for kind in ("K", "O"):
+                counts[f"old {kind}"] = counts.get(f"old {kind}", 0) + kinds.count(kind)
+            unchanged = pc.list_value_length(records.column("_cdc_unchanged")).fill_null(0)
+            counts["unchanged TOAST"] = counts.get("unchanged TOAST", 0) + int(pc.sum(pc.greater(unchanged, 0)).as_py() or 0)
+        out[table] = counts
+    return out

@@ -1,0 +1,446 @@
+"""The Dagster UI on the project's code location, as a person sees it: a real ``dagster-webserver``
+(its own processes: the webserver and the code server it starts) on a set-up source, and headless
+Chromium driven over the Chrome DevTools protocol.
+
+The webserver loads ``-m dagster_project.definitions`` with ``CDC_CONFIG`` pointing to a config
+written by :func:`tests.support.dagster_env.write_config` (a custom drain cron, so the schedule the
+UI shows is the file's) and ``CDC_SOURCE_DSN`` of a throwaway database on which ``cdc-assets setup``
+has run. Every page is checked for what it renders (``document.body.innerText``), waited for with a
+timeout, never a sleep. A drain is launched through the webserver's GraphQL endpoint, executed by
+the instance's run launcher in a process of its own, and its metadata is read off the asset's page.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import websocket  # websocket-client
+from dagster import __version__ as dg_version
+
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.config import load_config
+from cdc_assets.lsn import format_lsn
+from cdc_assets.setup import setup
+from tests.conftest import Database
+from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_config
+from tests.support.pipeline import wait_until
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CRON = "*/7 * * * *"  # not the default: the schedule the UI shows comes from the file
+SLOT = "cdc_ui_slot"  # slot names are per cluster: not the other Dagster tests' slot
+LOCATION = "dagster_project.definitions"
+DRAIN_JOB = "__anonymous_asset_job_cdc_drain_schedule"
+VIEWPORT = (1400, 900)
+ASSET_KEYS = ["cdc/changelog", "cdc/rebuild"] + [
+    f"{kind}/{table.replace('.', '/')}" for kind in ("delta", "history") for table in TABLES
+]
+SENSORS = [f"cdc_merge__{table.replace('.', '__')}" for table in TABLES]
+# One transaction after the snapshot: what the launched drain must find.
+TRANSACTION = [
+    "INSERT INTO public.customers VALUES (100, 'customer 100', 'gold', DATE '2025-03-01')",
+    "INSERT INTO public.orders VALUES (100, 100, 'paid', 99.5)",
+    "UPDATE public.notes SET stars = 5 WHERE id = 1",
+]
+
+INSTANCE_YAML = """\
+# Runs launched from the UI start at once (no daemon here), each in a process of its own.
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: DefaultRunCoordinator
+telemetry:
+  enabled: false
+"""
+
+
+# -- processes ---------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(command: list[str], log: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """A process leading its own process group (so teardown ends its children too), output to ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """End the process group: SIGTERM, then SIGKILL for whatever is left of it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:  # the leader is gone; make sure its children are too
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return
+
+
+def alive(process: subprocess.Popen[bytes], log: Path) -> None:
+    if process.poll() is not None:
+        raise AssertionError(f"{log.stem} exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+
+
+# -- the webserver -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Webserver:
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return json.load(response)
+
+    def graphql(self, query: str, **variables: Any) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.url + "/graphql",
+            data=json.dumps({"query": query, "variables": variables}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.load(response)
+        assert "errors" not in answer, answer
+        return answer["data"]
+
+    def server_info(self) -> dict[str, Any] | None:
+        alive(self.process, self.log)
+        try:
+            return self.get("/server_info")
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return None
+
+    def location_status(self) -> tuple[str, str] | None:
+        """The code location's load status and its type (``RepositoryLocation`` or ``PythonError``)."""
+        data = self.graphql(
+            "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus"
+            " locationOrLoadError { __typename ... on PythonError { message } } } } } }"
+        )
+        for entry in data["workspaceOrError"]["locationEntries"]:
+            if entry["name"] == LOCATION and entry["loadStatus"] == "LOADED":
+                error = entry["locationOrLoadError"]
+                assert error["__typename"] == "RepositoryLocation", error
+                return entry["loadStatus"], error["__typename"]
+        return None
+
+
+# -- the browser -------------------------------------------------------------------------------------
+
+
+class Browser:
+    """Headless Chromium with one page, driven over the DevTools protocol (``--remote-debugging-port``)."""
+
+    def __init__(self, folder: Path) -> None:
+        profile = folder / "profile"
+        profile.mkdir(parents=True)
+        self.log = folder / "chromium.log"
+        self.process = start(
+            [
+                CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--no-first-run", "--no-default-browser-check", "--disable-extensions",
+                "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank",
+            ],
+            self.log,
+        )  # fmt: skip
+        try:
+            active = profile / "DevToolsActivePort"  # Chromium writes the port it chose here
+
+            def devtools_port() -> str | None:
+                alive(self.process, self.log)
+                words = active.read_text().split() if active.exists() else []
+                return words[0] if words else None
+
+            port = wait_until(devtools_port, timeout=30, what="Chromium's DevTools port")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as response:
+                pages = [t for t in json.load(response) if t["type"] == "page"]
+            self.socket = websocket.create_connection(
+                pages[0]["webSocketDebuggerUrl"], timeout=30, suppress_origin=True
+            )
+        except BaseException:
+            stop(self.process)
+            raise
+        self.calls = 0
+        width, height = VIEWPORT
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+        self.call("Page.enable")
+        self.blank = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])  # about:blank
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.calls += 1
+        self.socket.send(json.dumps({"id": self.calls, "method": method, "params": params}))
+        while True:  # events arrive in between; the answer carries our id
+            message = json.loads(self.socket.recv())
+            if message.get("id") == self.calls:
+                assert "error" not in message, (method, message["error"])
+                return message["result"]
+
+    def open(self, url: str) -> None:
+        result = self.call("Page.navigate", url=url)
+        assert "errorText" not in result, result
+
+    def text(self) -> str:
+        result = self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''", returnByValue=True)
+        return result["result"].get("value", "")
+
+    def links(self) -> list[str]:
+        expression = "[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))"
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"]["value"]
+
+    def table_rows(self) -> list[list[str]]:
+        """The text of every table row's cells on the page."""
+        expression = "[...document.querySelectorAll('tr')].map(r => [...r.cells].map(c => c.innerText.trim()))"
+        return self.call("Runtime.evaluate", expression=expression, returnByValue=True)["result"]["value"]
+
+    def wait_for(self, *needles: str, timeout: float = 45) -> str:
+        """The page's text once it contains every one of ``needles``."""
+        last = ""
+
+        def shown() -> str | None:
+            nonlocal last
+            last = self.text()
+            return last if all(needle in last for needle in needles) else None
+
+        try:
+            return wait_until(shown, timeout=timeout, what=f"page showing {needles}")
+        except TimeoutError as error:
+            missing = [n for n in needles if n not in last]
+            raise AssertionError(f"the page never showed {missing}; it showed:\n{last[:3000]}") from error
+
+    def screenshot(self, path: Path) -> Path:
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        return path
+
+    def close(self) -> None:
+        try:
+            self.socket.close()
+        finally:
+            stop(self.process)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height of a well-formed 8-bit RGB(A) PNG: signature, every chunk's CRC, IHDR, image
+    data that inflates to exactly one filtered scanline per row, IEND."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    chunks: dict[bytes, bytes] = {}
+    idat, offset = b"", 8
+    while offset < len(data):
+        length, kind = struct.unpack(">I4s", data[offset : offset + 8])
+        body = data[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", data[offset + 8 + length : offset + 12 + length])
+        assert zlib.crc32(kind + body) == crc, kind
+        idat += body if kind == b"IDAT" else b""
+        chunks.setdefault(kind, body)
+        offset += 12 + length
+    assert b"IEND" in chunks
+    width, height, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    assert depth == 8 and color in (2, 6), (depth, color)
+    assert len(zlib.decompress(idat)) == height * (1 + width * (3 if color == 2 else 4))
+    return width, height
+
+
+def assert_rendered(browser: Browser, path: Path) -> None:
+    """A screenshot of the whole viewport, far richer than a blank page's (PNG compresses a blank or
+    single-colour page to almost nothing)."""
+    data = browser.screenshot(path).read_bytes()
+    assert png_size(data) == VIEWPORT
+    assert len(data) > 5 * len(browser.blank) and len(data) > 20_000, (len(data), len(browser.blank))
+
+
+# -- fixtures ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ui:
+    db: Database
+    folder: Path
+    server: Webserver
+
+    @property
+    def config_path(self) -> Path:
+        return self.folder / "cdc.yaml"
+
+
+@pytest.fixture(scope="module")
+def ui(pg_module: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:
+    """A set-up source and ``dagster-webserver -m dagster_project.definitions`` on it, loaded."""
+    folder = tmp_path_factory.mktemp("ui")
+    with pg_module.connect() as conn:
+        conn.execute(DDL)
+    config = write_config(folder / "cdc.yaml", cron=CRON, slot=SLOT)
+    setup(load_config(config, environ={DSN_VARIABLE: pg_module.dsn}))
+
+    home = folder / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(INSTANCE_YAML)
+    environ = {
+        **os.environ,
+        "CDC_CONFIG": str(config),
+        DSN_VARIABLE: pg_module.dsn,
+        "DAGSTER_HOME": str(home),
+        # The checkout, for the code server and the run workers, installed or not.
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    port = free_port()
+    log = folder / "webserver.log"
+    command = ["dagster-webserver", "-m", LOCATION, "-d", str(ROOT), "-h", "127.0.0.1", "-p", str(port)]
+    process = start(command, log, cwd=ROOT, env=environ)
+    try:
+        server = Webserver(f"http://127.0.0.1:{port}", process, log)
+        try:
+            info = wait_until(server.server_info, timeout=120, what="the webserver's /server_info")
+            wait_until(server.location_status, timeout=120, what="the code location loaded")
+        except TimeoutError as error:
+            raise AssertionError(f"{error}; webserver log:\n{log.read_text()[-4000:]}") from error
+        assert info["dagster_webserver_version"] == info["dagster_version"] == dg_version
+        # The UI greets a new local instance with a newsletter dialog over the page a second after
+        # it loads; mark it seen in the instance, as its "Skip" button does.
+        assert server.graphql("mutation { setNuxSeen }")["setNuxSeen"] is True
+        assert server.graphql("{ shouldShowNux }")["shouldShowNux"] is False
+        yield Ui(pg_module, folder, server)
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def browser(ui: Ui, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    chromium = Browser(tmp_path_factory.mktemp("chromium"))
+    yield chromium
+    chromium.close()
+
+
+# -- tests -------------------------------------------------------------------------------------------
+
+
+def test_asset_catalog_lists_every_asset_of_the_configured_tables(ui: Ui, browser: Browser, tmp_path: Path) -> None:
+    browser.open(f"{ui.server.url}/assets")
+    shown = [key.replace("/", " / ") for key in ASSET_KEYS]  # the catalog writes keys as "cdc / changelog"
+    text = browser.wait_for(*shown, LOCATION)
+    # Descriptions come from the code location and name this pipeline's own paths.
+    assert f"Drains replication slot {SLOT} into the change log at {ui.folder / 'changelog'}" in text
+    assert f"Delta mirror of public.orders at {ui.folder / 'warehouse' / 'public' / 'orders'}" in text
+    links = browser.links()
+    for key in ASSET_KEYS:
+        assert f"/assets/{key}" in links, key
+
+    # Each asset's status has loaded: nothing materialized yet, the rebuild partitioned by table.
+    def statuses() -> bool:
+        text = browser.text()
+        return text.count("Never materialized") == 1 + len(TABLES) and f"{len(TABLES)} partitions" in text
+
+    wait_until(statuses, timeout=45, what="every asset's status")
+    assert_rendered(browser, tmp_path / "catalog.png")
+
+
+def test_automation_shows_the_drain_schedule_with_the_files_cron_and_one_sensor_per_table(
+    ui: Ui, browser: Browser, tmp_path: Path
+) -> None:
+    browser.open(f"{ui.server.url}/automation")
+    browser.wait_for("cdc_drain_schedule", *SENSORS, "Every 7 minutes")
+    wait_until(lambda: browser.text().count("Standard sensor") == len(SENSORS), timeout=45, what="each sensor's kind")
+    links = browser.links()
+    assert f"/locations/{LOCATION}/schedules/cdc_drain_schedule" in links
+    for sensor in SENSORS:
+        assert f"/locations/{LOCATION}/sensors/{sensor}" in links
+    assert_rendered(browser, tmp_path / "automation.png")
+
+    browser.open(f"{ui.server.url}/locations/{LOCATION}/schedules/cdc_drain_schedule")
+    text = browser.wait_for(
+        "Drains the replication slot into the change log.", f"({CRON})", "Every 7 minutes", "cdc / changelog"
+    )  # the last: its target
+    assert "*/5 * * * *" not in text
+
+    browser.open(f"{ui.server.url}/locations/{LOCATION}/sensors/{SENSORS[1]}")
+    browser.wait_for(f"Requests a merge of {TABLES[1]} when the change log holds changes beyond its applied LSN.")
+
+
+def test_drain_launched_through_graphql_runs_and_its_metadata_shows_on_the_asset_page(
+    ui: Ui, browser: Browser, tmp_path: Path
+) -> None:
+    def checkpoint_lsn() -> int:
+        config = load_config(ui.config_path, environ={DSN_VARIABLE: ui.db.dsn})
+        checkpoint = ChangeLogReader(config.changelog_path).checkpoint()
+        assert checkpoint is not None
+        return checkpoint.lsn
+
+    snapshot_lsn = checkpoint_lsn()  # setup's
+    with ui.db.connect() as conn, conn.transaction():
+        for statement in TRANSACTION:
+            conn.execute(statement)
+    launched = ui.server.graphql(
+        """mutation Launch($params: ExecutionParams!) {
+             launchRun(executionParams: $params) {
+               __typename
+               ... on LaunchRunSuccess { run { runId } }
+               ... on PythonError { message }
+               ... on RunConfigValidationInvalid { errors { message } }
+             }
+           }""",
+        params={
+            "selector": {"repositoryLocationName": LOCATION, "repositoryName": "__repository__", "jobName": DRAIN_JOB},
+            "mode": "default",
+            "runConfigData": "{}",
+        },
+    )["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    run_id = launched["run"]["runId"]
+
+    def finished() -> str | None:
+        alive(ui.server.process, ui.server.log)
+        status = ui.server.graphql(
+            "query Run($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id
+        )["runOrError"]["status"]
+        return status if status in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+    status = wait_until(finished, timeout=120, what="the drain run finished")
+    if status != "SUCCESS":
+        logs = ui.server.graphql(
+            "query Logs($id: ID!) { logsForRun(runId: $id) { ... on EventConnection { events { __typename message } } } }",
+            id=run_id,
+        )
+        pytest.fail(f"drain run {status}: {json.dumps(logs, indent=1)[-4000:]}")
+
+    # The run drained the slot: the change log's checkpoint moved past the transaction.
+    drained_lsn = checkpoint_lsn()
+    assert drained_lsn > snapshot_lsn
+    lsn = format_lsn(drained_lsn)
+
+    # The asset's page shows that run's materialization with the drain's own numbers.
+    browser.open(f"{ui.server.url}/assets/cdc/changelog?view=events")
+    browser.wait_for("Materialized in run", run_id[:8], "checkpoint_lsn", lsn)
+    metadata = {row[0]: row[1] for row in browser.table_rows() if len(row) >= 2}
+    assert metadata["checkpoint_lsn"] == lsn
+    assert (metadata["transactions"], metadata["changes"]) == ("1", str(len(TRANSACTION)))
+    assert {table: metadata[f"changes/{table}"] for table in TABLES} == {table: "1" for table in TABLES}
+    assert metadata["wal_status"] in ("reserved", "extended") and int(metadata["slot_lag_bytes"]) >= 0
+    assert_rendered(browser, tmp_path / "changelog.png")
+
+    # And the run's page lists its step and its success.
+    browser.open(f"{ui.server.url}/runs/{run_id}")
+    browser.wait_for("cdc__changelog", "RUN_SUCCESS")

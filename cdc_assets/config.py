@@ -72,7 +72,7 @@ class SourceConfig:
     streaming: Streaming = "off"
     binary: bool = False
     two_phase: bool = False
-    batch_changes: int = 100_000
+    batch_changes: int = 1_000_000
     heartbeat: bool = False
 
 
@@ -169,7 +169,7 @@ def parse_config(text: str, *, origin: Path, environ: Any) -> Config:
             streaming=source.choice("streaming", ("off", "on", "parallel"), "off"),  # type: ignore[arg-type]
             binary=source.flag("binary", False),
             two_phase=source.flag("two_phase", False),
-            batch_changes=source.positive("batch_changes", 100_000),
+            batch_changes=source.positive("batch_changes", 1_000_000),
             heartbeat=source.flag("heartbeat", False),
         ),
         changelog_path=_location(changelog.text("path"), base),

@@ -39,7 +39,7 @@ def test_design_example_parses_with_defaults_and_resolved_paths() -> None:
     config = parse(EXAMPLE, CDC_SOURCE_DSN="host=db password=hunter2")
     assert config.source.dsn == "host=db password=hunter2"
     assert "hunter2" not in repr(config)
-    assert config.source.streaming == "off" and config.source.batch_changes == 100_000
+    assert config.source.streaming == "off" and config.source.batch_changes == 1_000_000
     assert config.changelog_path == "/etc/cdc/data/changelog"
     assert config.warehouse_path == "s3://bucket/warehouse"
     assert [str(t.name) for t in config.tables] == ["public.orders", "public.customers", "Odd Schema.a.b"]

@@ -7,7 +7,10 @@ peeked transactions durable (invariant 2).
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
+import queue
+import threading
 from contextlib import closing, contextmanager
+from itertools import islice
 from typing import Any, cast
 
 import psycopg
@@ -25,6 +28,8 @@ PeekedRow = tuple[int, bytes]
 """``(lsn, data)`` of one pgoutput message."""
 
 FETCH_ROWS = 10_000
+PREFETCH_ROWS = 8_192
+PREFETCH_BLOCKS = 8
 
 _PEEK = (
     "SELECT (lsn - '0/0')::int8, data"
@@ -108,22 +113,48 @@ class SlotReader:
                 conn.execute("ROLLBACK")
 
     def _rows(self, limit: int, upto_lsn: int | None) -> Generator[PeekedRow, None, None]:
+        """The rows, received on a thread of their own a block at a time, so that the server
+        sending the next rows overlaps the caller's work on the previous ones."""
         upto = None if upto_lsn is None else format_lsn(upto_lsn)
         params = (self._config.slot, upto, limit, list(self.options))
+        blocks: queue.Queue[list[PeekedRow] | BaseException | None] = queue.Queue(maxsize=PREFETCH_BLOCKS)
+        stop = threading.Event()
+        receiver = threading.Thread(target=self._receive, args=(params, blocks, stop), name="slot-peek", daemon=True)
+        receiver.start()
+        lsn: int | None = None
+        try:
+            while (block := blocks.get()) is not None:
+                if isinstance(block, BaseException):
+                    raise block
+                lsn = block[-1][0]
+                yield from block
+        except psycopg.Error as error:
+            receiver.join()
+            if self._conn.info.transaction_status == TransactionStatus.INERROR:
+                self._conn.execute("ROLLBACK")
+            raise self._diagnose(error, lsn) from None
+        finally:
+            stop.set()  # leaving early: the receiver stops, which cancels the query
+            receiver.join()
+
+    def _receive(self, params: tuple[Any, ...], blocks: queue.Queue[Any], stop: threading.Event) -> None:
         stream = cast(
             "Generator[PeekedRow, None, None]",
             self._conn.cursor(binary=True).stream(_PEEK, params, size=self._fetch_rows),
         )
-        lsn: int | None = None
         try:
-            with closing(stream):  # stopping early cancels the query
-                for row in stream:
-                    lsn = row[0]
-                    yield row
-        except psycopg.Error as error:
-            if self._conn.info.transaction_status == TransactionStatus.INERROR:
-                self._conn.execute("ROLLBACK")
-            raise self._diagnose(error, lsn) from None
+            with closing(stream):  # closing before the end cancels the query
+                while not stop.is_set() and (block := list(islice(stream, PREFETCH_ROWS))):
+                    while not stop.is_set():
+                        try:
+                            blocks.put(block, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+        except BaseException as error:  # noqa: BLE001 - handed to the consuming thread
+            _offer(blocks, error, stop)
+            return
+        _offer(blocks, None, stop)
 
     def advance(self, lsn: int) -> int:
         """Confirm everything up to ``lsn``; returns the slot's new confirmed position.
@@ -157,3 +188,13 @@ class SlotReader:
 
     def _diagnose(self, error: psycopg.Error, lsn: int | None) -> SourceError:
         return diagnose(self._conn, error, slot=self._config.slot, publication=self._config.publication, lsn=lsn)
+
+
+def _offer(blocks: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
+    """Put ``item`` unless the consumer has stopped listening."""
+    while not stop.is_set():
+        try:
+            blocks.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue

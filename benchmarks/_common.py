@@ -13,6 +13,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+# Measure the library of this checkout even when the installed package points elsewhere (a stale
+# editable install): the repository root goes first on sys.path, and on PYTHONPATH for children.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from cdc_assets.pgcluster import ThrowawayCluster
 

@@ -1,11 +1,12 @@
 """Drain benchmark (issue 3): end-to-end drain rate, and peak memory on one huge transaction.
 
     python benchmarks/drain.py [--pg 16] [--part all|rate|rss] [--transactions 260000] [--repeat 3]
-                               [--rows 2000000] [--json out.json]
+                               [--rows 2000000] [--batch-changes N] [--big-batch N] [--json out.json]
 
 rate: ``pgbench -i``, then ``cdc_assets.setup.setup`` for ``--repeat`` + 3 configs in a temporary
-      folder (one slot and change log each, same publication, default ``batch_changes``), then
-      ``pgbench -n -c 2`` (4 changes per transaction). For each of the ``--repeat`` slots: the bare
+      folder (one slot and change log each, same publication), then
+      ``pgbench -n -c 2`` (4 changes per transaction; ``--batch-changes`` to set the timed drains'
+      ``source.batch_changes``). For each of the ``--repeat`` slots: the bare
       peek fetch of the whole slot range (``SlotReader.peek``, the drain's query and cursor, nothing
       per row) ``--fetches`` times, then ``cdc_assets.drain.drain`` of that slot.
       Requirement: drain changes/s >= 0.5 x fetch changes/s over the same range (median of rounds).
@@ -252,7 +253,7 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             # batch_changes (informative), one under cProfile.
             configs = []
             for i in range(args.repeat + 3):
-                batch = args.big_batch if i == args.repeat + 1 else None
+                batch = args.big_batch if i == args.repeat + 1 else args.batch_changes
                 config = write_config(
                     workdir / f"rate{i + 1}", cluster.dsn(), f"bench_rate_{i + 1}", PGBENCH_TABLES, batch_changes=batch
                 )
@@ -492,7 +493,11 @@ def main() -> int:
     parser.add_argument("--fetches", type=int, default=3, help="bare fetches per slot before its drain")
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of the one big transaction")
     parser.add_argument("--rss-repeat", type=int, default=2, help="slots drained per streaming mode")
-    parser.add_argument("--big-batch", type=int, default=1_000_000, help="batch_changes of the informative extra drain")
+    parser.add_argument(
+        "--batch-changes", type=int, default=None,
+        help="source.batch_changes of the timed drains and the first phase breakdown (default: the library's default)",
+    )
+    parser.add_argument("--big-batch", type=int, default=10_000_000, help="batch_changes of the informative extra drain")
     parser.add_argument("--profile", action="store_true", help="profile one extra drain even if the rate passes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--json", help="write the results to this file")

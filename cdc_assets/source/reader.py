@@ -145,12 +145,7 @@ class SlotReader:
         try:
             with closing(stream):  # closing before the end cancels the query
                 while not stop.is_set() and (block := list(islice(stream, PREFETCH_ROWS))):
-                    while not stop.is_set():
-                        try:
-                            blocks.put(block, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
+                    _offer(blocks, block, stop)
         except BaseException as error:  # noqa: BLE001 - handed to the consuming thread
             _offer(blocks, error, stop)
             return

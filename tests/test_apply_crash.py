@@ -60,6 +60,7 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.setup import setup
 from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
+from tests.support.pipeline import wait_until
 from tests.support.workload import FILTERED, Workload
 
 KILLS = int(os.environ.get("CDC_CRASH_KILLS", "20"))
@@ -165,7 +166,7 @@ class Attempt:
     def kill(self) -> None:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
-        wait_for(lambda: not _group_alive(self.process.pid), 60, "the killed sync's process group (JVM) to end")
+        wait_until(lambda: not _group_alive(self.process.pid), 60, "the killed sync's process group (JVM) to end")
 
     def output(self) -> str:
         lines = sorted(self.stdout + self.stderr)
@@ -190,18 +191,6 @@ def _group_alive(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
-
-
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something true (the test proceeds on the condition)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def files_since(root: Path, since: float) -> int:
@@ -291,7 +280,7 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
             print(f"\nkill {hits}/{KILLS}: aimed at {target}, hit {phase} ({detail}) at"
                   f" {kills[-1].seconds:.1f} s", flush=True)
             # The killed drain's sessions end when the server notices; the next sync must not see them.
-            wait_for(lambda: not _sessions(monitor), 60, "the killed sync's sessions to end")
+            wait_until(lambda: not _sessions(monitor), 60, "the killed sync's sessions to end")
             _check_after_kill(config, applied_before)
     finally:
         monitor.close()
@@ -343,7 +332,7 @@ def _wait_for_target(
             condition = lambda: files_since(warehouse, wall) > 0 or attempt.tables_done() > 0  # noqa: E731
         else:
             condition = lambda: attempt.tables_done() >= k  # noqa: E731
-    return bool(wait_for(lambda: condition() or not attempt.running(), 600, f"{target} of a sync") and attempt.running())
+    return bool(wait_until(lambda: condition() or not attempt.running(), 600, f"{target} of a sync") and attempt.running())
 
 
 def _phase(attempt: Attempt, monitor: psycopg.Connection[Any], warehouse: Path, wall: float, tables: int) -> tuple[str, str]:

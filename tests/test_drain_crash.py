@@ -38,9 +38,9 @@ from tests.support.crash import (
     run_drain_killed_in_checkpoint_replace,
     start_drain,
     verify_log,
-    wait_for,
     write_config,
 )
+from tests.support.pipeline import wait_until
 
 FAULT_POINTS = ("after-segments", "after-checkpoint", "after-advance", "mid-batch")
 BATCH_CHANGES = 50
@@ -114,7 +114,7 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
     def wait_backlog(n: int) -> None:
         if backlog() < n:
             writer.burst(n - backlog())
-        wait_for(lambda: writer.check() or backlog() >= n, 60, f"a backlog of {n} transactions")
+        wait_until(lambda: writer.check() or backlog() >= n, 60, f"a backlog of {n} transactions")
 
     writer.start()
     try:
@@ -141,8 +141,8 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
             if point == "random":
                 wait_backlog(rng.randint(80, 300))
                 process = start_drain(config, pg.dsn)
-                wait_for(
-                    lambda p=process: p.poll() is not None or monitor.lock_granted(), 60, "the drain to take its lock"
+                wait_until(
+                    lambda p=process: p.poll() is not None or monitor.lock_granted(), 60, "the drain to take its lock", 0.01
                 )
                 # The experiment: a random moment within the drain's expected run time.
                 time.sleep(rng.uniform(0.0, min(MAX_DELAY, 1.1 * (backlog() / rate_estimate + 0.05))))

@@ -23,7 +23,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from cdc_assets.changelog.layout import (
 )
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.lsn import format_lsn
+from tests.support.pipeline import wait_until
 
 EVENTS = "public.events"
 LEDGER = "public.ledger"
@@ -54,18 +54,6 @@ SCHEMA_SQL = (
     "CREATE TABLE ledger (seq bigint PRIMARY KEY, xid bigint NOT NULL, changes int NOT NULL)",
     f"INSERT INTO events (id, seq, payload) SELECT g, 0, 'initial ' || g FROM generate_series(1, {INITIAL_ROWS}) g",
 )
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.01) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -186,7 +174,7 @@ class DrainMonitor:
 
     def wait_quiet(self, timeout: float = 60) -> None:
         """Wait until no session of a (killed) drain is left: the lock is free, the slot inactive."""
-        wait_for(lambda: not self.sessions(), timeout, "the killed drain's sessions to end")
+        wait_until(lambda: not self.sessions(), timeout, "the killed drain's sessions to end")
 
     def confirmed_flush(self, slot: str) -> int:
         (lsn,) = self.conn.execute(

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> Any:
+def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition", interval: float = 0.02) -> Any:
     """Poll ``condition`` until it returns something true and return that (the poll interval is
     no synchronisation: the test proceeds on the condition, not on time)."""
     deadline = time.monotonic() + timeout
@@ -38,7 +38,7 @@ def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str
             return value
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not met within {timeout} s")
-        time.sleep(0.02)
+        time.sleep(interval)
 
 
 @dataclass(slots=True)

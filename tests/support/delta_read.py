@@ -27,25 +27,17 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
-from psycopg.types.string import ByteaBinaryLoader
 
 from cdc_assets.apply.planner import COMMIT_TIME, LSN
 from cdc_assets.apply.spark_types import to_delta_arrow
 from cdc_assets.config import TableName
-from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pgoutput.values import column_converter
-from cdc_assets.source import PINNED_SETTINGS, load_type_catalog
+from tests.support.oracle import read_source_text
 
 CSTRING_OID = 2275
 METADATA = (LSN, COMMIT_TIME)
 Row = dict[str, Any]
 
-_COLUMNS = """
-SELECT a.attname::text, a.atttypid::int8, a.atttypmod, a.attndims, t.typoutput::regproc::text
-FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
 
 
 # -- Delta, two readers -----------------------------------------------------------------------------
@@ -89,19 +81,8 @@ def source_table(conn: psycopg.Connection[Any], table: str, where: str | None = 
     ``conn`` must be in autocommit mode; the read runs in its own transaction. A value the Arrow
     type cannot hold (``_cdc_special``) is null, as in the change record's typed column."""
     name = TableName.parse(table)
-    with conn.transaction():
-        conn.execute(
-            "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
-            (list(PINNED_SETTINGS), list(PINNED_SETTINGS.values())),
-        )
-        described = conn.execute(_COLUMNS, (name.sql,)).fetchall()
-        if not described:
-            raise AssertionError(f"table {table} does not exist in the source")
-        catalog = TypeCatalog.of(load_type_catalog(conn, [oid for _, oid, _, _, _ in described]))
-        select = ", ".join(f'{output}("{column.replace(chr(34), chr(34) * 2)}")' for column, _, _, _, output in described)
-        cursor = conn.cursor(binary=True)
-        cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
-        fetched = cursor.execute(f"SELECT {select} FROM {name.sql}" + (f" WHERE {where}" if where else "")).fetchall()
+    source = read_source_text(conn, name, where)
+    described, catalog, fetched = source.described, source.catalog, source.rows
     arrays = []
     for j, (_, oid, typmod, ndims, _) in enumerate(described):
         raw = pa.array([row[j] for row in fetched], pa.binary())

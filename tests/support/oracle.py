@@ -365,11 +365,9 @@ ORDER BY a.attnum
 """
 
 
-def source_rows(conn: psycopg.Connection[Any], table: str) -> SourceTable:
-    """``SELECT *`` of ``table`` as the change log's Python values (see the module docstring).
-
-    ``conn`` must be in autocommit mode; the read runs in its own transaction."""
-    name = TableName.parse(table)
+def read_source_text(conn: psycopg.Connection[Any], name: TableName, where: str | None = None) -> SourceText:
+    """``SELECT *`` of ``name`` (``WHERE where``) as each column's output function text, under the
+    drain's pinned settings, in its own transaction (``conn`` must be in autocommit mode)."""
     with conn.transaction():
         conn.execute(
             "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
@@ -377,12 +375,32 @@ def source_rows(conn: psycopg.Connection[Any], table: str) -> SourceTable:
         )
         described = conn.execute(_COLUMNS, (name.sql,)).fetchall()
         if not described:
-            raise AssertionError(f"table {table} does not exist in the source")
+            raise AssertionError(f"table {name} does not exist in the source")
         catalog = TypeCatalog.of(load_type_catalog(conn, [oid for _, oid, _, _, _ in described]))
         select = ", ".join(f'{output}("{column.replace(chr(34), chr(34) * 2)}")' for column, _, _, _, output in described)
         cursor = conn.cursor(binary=True)
         cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
-        fetched = cursor.execute(f"SELECT {select} FROM {name.sql}").fetchall()
+        fetched = cursor.execute(f"SELECT {select} FROM {name.sql}" + (f" WHERE {where}" if where else "")).fetchall()
+    return SourceText(described, catalog, fetched)
+
+
+@dataclass(slots=True)
+class SourceText:
+    """A source table read as text: its columns (name, type OID, typmod, ndims, output
+    function), its type catalog, and its rows."""
+
+    described: list[Any]
+    catalog: TypeCatalog
+    rows: list[Any]
+
+
+def source_rows(conn: psycopg.Connection[Any], table: str) -> SourceTable:
+    """``SELECT *`` of ``table`` as the change log's Python values (see the module docstring).
+
+    ``conn`` must be in autocommit mode; the read runs in its own transaction."""
+    name = TableName.parse(table)
+    source = read_source_text(conn, name)
+    described, catalog, fetched = source.described, source.catalog, source.rows
     columns = tuple(column for column, *_ in described)
     values: list[list[Any]] = []
     for j, (_, oid, typmod, ndims, _) in enumerate(described):

@@ -33,14 +33,11 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
-from psycopg.types.string import ByteaBinaryLoader
 
 from cdc_assets.apply.spark_types import to_delta_arrow
 from cdc_assets.config import Config, TableConfig
-from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pgoutput.values import column_converter
-from cdc_assets.source import PINNED_SETTINGS, load_type_catalog
-from tests.support.oracle import freeze, to_python
+from tests.support.oracle import freeze, read_source_text, to_python
 
 CSTRING_OID = 2275
 # Session settings that make Delta's per-commit work cheaper on a small machine without changing
@@ -49,12 +46,6 @@ FAST_SPARK = {"spark.databricks.delta.snapshotPartitions": "1"}
 METADATA_PREFIX = "_cdc_"
 MAX_LINES = 12
 
-_COLUMNS = """
-SELECT a.attname::text, a.atttypid::int8, a.atttypmod, a.attndims, t.typoutput::regproc::text
-FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
 
 
 @dataclass(slots=True)
@@ -81,20 +72,8 @@ def source_table(conn: psycopg.Connection[Any], table: TableConfig) -> tuple[pa.
     """The source rows (after the row filter) in Delta's Arrow types, and the count of special
     values per column. ``conn`` must be in autocommit mode."""
     name = table.name
-    where = f" WHERE {table.row_filter}" if table.row_filter else ""
-    with conn.transaction():
-        conn.execute(
-            "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
-            (list(PINNED_SETTINGS), list(PINNED_SETTINGS.values())),
-        )
-        described = conn.execute(_COLUMNS, (name.sql,)).fetchall()
-        if not described:
-            raise AssertionError(f"table {name} does not exist in the source")
-        catalog = TypeCatalog.of(load_type_catalog(conn, [oid for _, oid, _, _, _ in described]))
-        select = ", ".join(f'{output}("{column.replace(chr(34), chr(34) * 2)}")' for column, _, _, _, output in described)
-        cursor = conn.cursor(binary=True)
-        cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
-        fetched = cursor.execute(f"SELECT {select} FROM {name.sql}{where}").fetchall()
+    source = read_source_text(conn, name, table.row_filter)
+    described, catalog, fetched = source.described, source.catalog, source.rows
     arrays, special = [], {}
     for j, (column, oid, typmod, ndims, _) in enumerate(described):
         raw = pa.array([row[j] for row in fetched], pa.binary())

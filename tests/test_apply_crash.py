@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import yaml
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.apply.target import app_id, applied_lsn
@@ -61,7 +60,7 @@ from cdc_assets.setup import setup
 from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
 from tests.support.pipeline import wait_until
-from tests.support.workload import FILTERED, Workload
+from tests.support.workload import Workload, write_config
 
 KILLS = int(os.environ.get("CDC_CRASH_KILLS", "20"))
 SEED = int(os.environ.get("CDC_CRASH_SEED", "4242"))
@@ -80,20 +79,9 @@ SPARK_CONF = {
 }
 
 
-def write_config(folder: Path, tables: list[str]) -> Path:
-    document = {
-        "source": {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000},
-        "changelog": {"path": "./changelog"},
-        "warehouse": {"path": "./warehouse"},
-        "spark": {"master": "local[2]", "conf": SPARK_CONF},
-        "tables": {
-            table: ({"row_filter": FILTERED[table.split(".", 1)[1]]} if table.split(".", 1)[1] in FILTERED else {})
-            for table in tables
-        },
-    }
-    path = folder / "cdc.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    return path
+def write_crash_config(folder: Path, tables: list[str]) -> Path:
+    source = {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000}
+    return write_config(folder, source, tables, spark={"master": "local[2]", "conf": SPARK_CONF})
 
 
 class Writer(threading.Thread):
@@ -237,7 +225,7 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
     workload.create()
     workload.populate()
     tables = workload.tables
-    config_path = write_config(tmp_path, tables)
+    config_path = write_crash_config(tmp_path, tables)
     config = load_config(config_path, environ={DSN_VARIABLE: pg.dsn})
     setup(config)
     warehouse = Path(config.warehouse_path)
@@ -255,7 +243,7 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
             target = schedule[hits]
             order = list(tables)
             rng.shuffle(order)
-            write_config(tmp_path, order)
+            write_crash_config(tmp_path, order)
             wall = time.time()
             if target == "drain":  # a backlog that takes the drain seconds, not a fraction of one
                 monitor.execute(BACKLOG.format(table=f"{SCHEMA}.events"))

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import yaml
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.config import Config, load_config
@@ -47,7 +46,7 @@ from cdc_assets.drain import drain
 from cdc_assets.setup import setup
 from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, report
-from tests.support.workload import FILTERED, Workload, WorkloadStats, log_coverage
+from tests.support.workload import Workload, WorkloadStats, log_coverage, write_config
 
 SEEDS = int(os.environ.get("CDC_DIFF_SEEDS", "20"))
 SEED_LIST = [int(s) for s in os.environ.get("CDC_DIFF_SEED_LIST", "").split(",") if s.strip()]
@@ -56,22 +55,6 @@ SYNCS = int(os.environ.get("CDC_DIFF_SYNCS", "3"))
 PARALLEL = int(os.environ.get("CDC_DIFF_PARALLEL", "3"))
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 
-
-
-def write_config(folder: Path, schema: str, tables: list[str], slot: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    document = {
-        "source": {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot},
-        "changelog": {"path": "./changelog"},
-        "warehouse": {"path": "./warehouse"},
-        "tables": {
-            table: ({"row_filter": FILTERED[table.split(".", 1)[1]]} if table.split(".", 1)[1] in FILTERED else {})
-            for table in tables
-        },
-    }
-    path = folder / "cdc.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    return path
 
 
 def drain_variant(config: Config, rng: random.Random) -> tuple[Config, str]:
@@ -103,7 +86,7 @@ def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
     try:
         workload.create()
         workload.populate()
-        config = load_config(write_config(folder, schema, workload.tables, slot), environ={DSN_VARIABLE: db.dsn})
+        config = load_config(write_config(folder, {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot}, workload.tables), environ={DSN_VARIABLE: db.dsn})
         setup(config)
         chunks = [OPS // SYNCS + (1 if i < OPS % SYNCS else 0) for i in range(SYNCS)]
         large_chunk = plan.randrange(SYNCS)

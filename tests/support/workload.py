@@ -50,9 +50,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import yaml
 from psycopg.types.json import Jsonb
 
 TABLES = ("kinds", "docs", "parent", "child", "bag", "coded", "events", "orders")
@@ -968,3 +970,22 @@ def log_coverage(changelog: str) -> dict[str, dict[str, int]]:
             counts["unchanged TOAST"] = counts.get("unchanged TOAST", 0) + int(pc.sum(pc.greater(unchanged, 0)).as_py() or 0)
         out[table] = counts
     return out
+
+
+def write_config(folder: Path, source: dict[str, Any], tables: list[str], **sections: Any) -> Path:
+    """``folder/cdc.yaml`` for the workload's ``tables`` (``schema.table``; the filtered ones with
+    their row filter): ``source``, the change log and warehouse in ``folder``, and ``sections``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    document = {
+        "source": source,
+        "changelog": {"path": "./changelog"},
+        "warehouse": {"path": "./warehouse"},
+        **sections,
+        "tables": {
+            table: ({"row_filter": FILTERED[table.split(".", 1)[1]]} if table.split(".", 1)[1] in FILTERED else {})
+            for table in tables
+        },
+    }
+    path = folder / "cdc.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    return path

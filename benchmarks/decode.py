@@ -8,7 +8,7 @@ into memory and measures, in one run, round-robin ``--repeat`` times:
 
   a. fetch   -- ``SlotReader.peek`` (the drain's query and cursor) streamed to the end, no work per row;
   b. decode  -- ``PgoutputDecoder.decode`` on every captured message;
-  c. arrow   -- ``TransactionAssembler.feed_rows`` over the captured rows with a sink that drops the
+  c. arrow   -- ``TransactionAssembler.feed_blocks`` over the captured blocks with a sink that drops the
                record batches (every change converted to typed Arrow arrays);
   d. pypgoutput -- pypgoutput 0.0.3's message classes, dispatched by first byte, on the same bytes.
 
@@ -33,7 +33,7 @@ import pypgoutput.decoders as pgo
 
 from cdc_assets.config import SourceConfig
 from cdc_assets.pgoutput.decoder import PgoutputDecoder, message_name
-from cdc_assets.source.reader import SlotReader, max_proto_version
+from cdc_assets.source.reader import PeekBlock, SlotReader, max_proto_version
 from cdc_assets.transactions import TransactionAssembler
 
 SLOT = "bench_slot"
@@ -114,12 +114,12 @@ def run_decode(datas: list[bytes]) -> int:
     return len(datas)
 
 
-def run_assemble(rows: list[tuple[int, bytes]]) -> NullSink:
+def run_assemble(blocks: list[PeekBlock]) -> NullSink:
     """(c) Decode + assemble + Arrow: the drain's path from peeked rows to record batches."""
     sink = NullSink()
     assembler = TransactionAssembler(streaming="off")
     assembler.start_call(sink, 0)  # type: ignore[arg-type]
-    assembler.feed_rows(rows)
+    assembler.feed_blocks(blocks)
     assembler.finish_call()
     return sink
 
@@ -205,9 +205,9 @@ def main() -> int:
         conn = psycopg.connect(cluster.dsn(), autocommit=True)
         reader = SlotReader(conn, source, cluster.version, two_phase=False)
         print(f"peek options: {' '.join(reader.options)}", flush=True)
-        with reader.peek(NO_LIMIT) as rows:
-            captured = [(lsn, data) for lsn, data in rows]
-        datas = [data for _, data in captured]
+        with reader.peek(NO_LIMIT) as blocks:
+            captured = list(blocks)
+        datas = [data for block in captured for data in block.datas]
         kinds = collections.Counter(message_name(d[0]) for d in datas)
         nbytes = sum(map(len, datas))
         changes = sum(kinds.get(k, 0) for k in ("Insert", "Update", "Delete"))
@@ -231,7 +231,7 @@ def main() -> int:
         fetch = common.Series("a. fetch: SlotReader.peek streamed, nothing per row", len(datas), nbytes)
         server = common.Series("(a0. server-side decode only: count(*) over the peek)", len(datas), nbytes)
         decode = common.Series("b. cdc_assets PgoutputDecoder.decode", len(datas), nbytes)
-        arrow = common.Series("c. cdc_assets feed_rows -> typed Arrow (null sink)", len(datas), nbytes)
+        arrow = common.Series("c. cdc_assets feed_blocks -> typed Arrow (null sink)", len(datas), nbytes)
         pypg = common.Series(f"d. pypgoutput {getattr(pypgoutput, '__version__', '0.0.3')} classes", len(known), known_bytes)
         decode_known = None if same_set else common.Series("b'. PgoutputDecoder on d's messages", len(known), known_bytes)
 
@@ -303,7 +303,7 @@ def main() -> int:
 
         profiles = []
         if args.profile or not all(v["pass"] for v in verdicts.values()):
-            profiles.append(profile("c. feed_rows -> Arrow", run_assemble, captured))
+            profiles.append(profile("c. feed_blocks -> Arrow", run_assemble, captured))
             profiles.append(profile("b. PgoutputDecoder.decode", run_decode, datas))
             profiles.append(profile("d. pypgoutput", run_pypgoutput, known))
             for text in profiles:

@@ -11,7 +11,7 @@ rate: ``pgbench -i``, then ``cdc_assets.setup.setup`` for ``--repeat`` + 3 confi
       per row) ``--fetches`` times, then ``cdc_assets.drain.drain`` of that slot.
       Requirement: drain changes/s >= 0.5 x fetch changes/s over the same range (median of rounds).
       Then, to show where the time goes: one drain under phase timers (library methods wrapped for
-      the duration: server time to first row, row fetch, feed_rows work, writer close, advance, ...),
+      the duration: server time to first row, row fetch, feed_blocks work, writer close, advance, ...),
       the same with ``batch_changes: --big-batch``, and one under cProfile (if the rate fails or
       with ``--profile``).
 rss:  a 7-column table, two slots per mode (``source.streaming`` off and on), one
@@ -103,8 +103,8 @@ def fetch_once(config: Config, major: int) -> float:
         reader = SlotReader(conn, config.source, major, two_phase=False)
         gc.collect()
         started = time.perf_counter()
-        with reader.peek(NO_LIMIT) as rows:
-            collections.deque(rows, maxlen=0)
+        with reader.peek(NO_LIMIT) as blocks:
+            collections.deque(blocks, maxlen=0)
         return time.perf_counter() - started
 
 
@@ -125,8 +125,8 @@ def count_range(config: Config, major: int) -> tuple[int, int, int]:
     messages = changes = nbytes = 0
     with psycopg.connect(config.source.dsn, autocommit=True) as conn:
         reader = SlotReader(conn, config.source, major, two_phase=False)
-        with reader.peek(NO_LIMIT) as rows:
-            for _, data in rows:
+        with reader.peek(NO_LIMIT) as blocks:
+            for data in (data for block in blocks for data in block.datas):
                 messages += 1
                 nbytes += len(data)
                 if data[0] in b"IUD":
@@ -135,9 +135,9 @@ def count_range(config: Config, major: int) -> tuple[int, int, int]:
 
 
 PHASES = {
-    "server": "server: peek call until its first row (decoding from restart_lsn)",
+    "server": "server: peek call until its first block of rows (decoding from restart_lsn)",
     "fetch": "client: psycopg row fetch after the first row",
-    "process": "client: feed_rows work (decode, assemble, Arrow, records to writer)",
+    "process": "client: feed_blocks work (decode, assemble, Arrow, records to writer)",
     "finish": "client: finish_call (last conversions, records to writer)",
     "close": "writer.close (Parquet footers, fsync, transactions file)",
     "checkpoint": "write_checkpoint",
@@ -175,28 +175,28 @@ def phase_timers(acc: dict[str, float]) -> Iterator[None]:
     @contextlib.contextmanager
     def peek(self: SlotReader, limit: int, upto_lsn: int | None = None) -> Iterator[Iterator[Any]]:
         started = clock()
-        with original_peek(self, limit, upto_lsn) as rows:
+        with original_peek(self, limit, upto_lsn) as blocks:
             acc["setup"] = acc.get("setup", 0.0) + clock() - started
 
-            def timed_rows() -> Iterator[Any]:
-                step = rows.__next__
+            def timed_blocks() -> Iterator[Any]:
+                step = blocks.__next__
                 key = "server"
                 while True:
                     begun = clock()
                     try:
-                        row = step()
+                        block = step()
                     except StopIteration:
                         acc[key] = acc.get(key, 0.0) + clock() - begun
                         return
                     acc[key] = acc.get(key, 0.0) + clock() - begun
                     key = "fetch"
-                    yield row
+                    yield block
 
-            yield timed_rows()
+            yield timed_blocks()
 
     patched.append((SlotReader, "peek", original_peek))
     SlotReader.peek = peek  # type: ignore[method-assign]
-    wrap(TransactionAssembler, "feed_rows", "feed_rows")
+    wrap(TransactionAssembler, "feed_blocks", "feed_blocks")
     wrap(TransactionAssembler, "finish_call", "finish")
     wrap(BatchWriter, "close", "close")
     wrap(drain_module, "write_checkpoint", "checkpoint")
@@ -206,7 +206,7 @@ def phase_timers(acc: dict[str, float]) -> Iterator[None]:
     finally:
         for owner, name, original in reversed(patched):
             setattr(owner, name, original)
-        acc["process"] = acc.pop("feed_rows", 0.0) - acc.get("server", 0.0) - acc.get("fetch", 0.0)
+        acc["process"] = acc.pop("feed_blocks", 0.0) - acc.get("server", 0.0) - acc.get("fetch", 0.0)
 
 
 def drain_with_phases(config: Config, major: int) -> dict[str, Any]:
@@ -383,13 +383,13 @@ def counting_peek(self, limit, upto_lsn=None):
     import contextlib
     @contextlib.contextmanager
     def wrapper():
-        with original_peek(self, limit, upto_lsn) as rows:
+        with original_peek(self, limit, upto_lsn) as blocks:
             entry = [limit, 0]
             peeks.append(entry)
             def counted():
-                for row in rows:
-                    entry[1] += 1
-                    yield row
+                for block in blocks:
+                    entry[1] += len(block.lsns)
+                    yield block
             yield counted()
     return wrapper()
 SlotReader.peek = counting_peek
@@ -556,7 +556,7 @@ def main() -> int:
                     ],
                 )
             )
-            print(f"ratio if client processing (feed_rows work + finish_call) cost nothing: {b['bound_free_processing']:.2f}")
+            print(f"ratio if client processing (feed_blocks work + finish_call) cost nothing: {b['bound_free_processing']:.2f}")
         ok &= rate["pass"]
     if "rss" in results:
         rss = results["rss"]

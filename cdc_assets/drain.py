@@ -125,9 +125,9 @@ def drain(
             writer = BatchWriter(store, checkpoint)
             assembler.start_call(writer, checkpoint.lsn)
             try:
-                with reader.peek(limit, upto_lsn=target) as rows:
+                with reader.peek(limit, upto_lsn=target) as blocks:
                     fault_point("mid-batch")
-                    count = assembler.feed_rows(rows)
+                    count = assembler.feed_blocks(blocks)
                 assembler.finish_call()
             except BaseException:
                 writer.abandon()

@@ -1,7 +1,7 @@
 """The transaction assembler: rows of peek calls → committed transactions, written to a sink.
 
 :class:`TransactionAssembler` is fed the ``(lsn, data)`` rows of a
-``pg_logical_slot_peek_binary_changes`` call in order. It keeps only what the protocol needs
+``pg_logical_slot_peek_binary_changes`` call in order, a block at a time. It keeps only what the protocol needs
 between rows — the Relation and Type messages of the current call (the server sends them again in
 every call), the open transaction, and the streamed transactions of the call — and hands a
 :class:`ChangeSink` the change records of committed transactions, per table in commit order.
@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
 from dataclasses import dataclass, field
 from struct import Struct
 from typing import Protocol
@@ -57,10 +56,10 @@ from cdc_assets.pgoutput.messages import (
 )
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.source.reader import PeekBlock
 
 CHUNK_ROWS = 65_536
 SPILL_BYTES = 64 << 20
-BLOCK_ROWS = 8_192
 
 _BEGIN = ord("B")
 _COMMIT = ord("C")
@@ -459,18 +458,17 @@ class TransactionAssembler:
 
     # -- rows ----------------------------------------------------------------------------------
 
-    def feed_rows(self, rows: Iterable[tuple[int, bytes]]) -> int:
-        """Consume the ``(lsn, data)`` rows of a peek call; return how many there were.
+    def feed_blocks(self, blocks: Iterable[PeekBlock]) -> int:
+        """Consume the blocks of a peek call; return how many rows there were.
 
-        Rows are taken a block at a time: runs of plain transactions (Begin, Insert, Update,
-        Delete, Commit) are handled with numpy for the whole run — boundaries, commit fields,
-        relations, positions — and every other message goes through :meth:`feed`.
+        In each block, runs of plain transactions (Begin, Insert, Update, Delete, Commit) are
+        handled with numpy for the whole run — boundaries, commit fields, relations, positions —
+        and every other message goes through :meth:`feed`.
         """
         count = 0
-        iterator = iter(rows)
-        while block := list(islice(iterator, BLOCK_ROWS)):
-            self._feed_block([row[0] for row in block], [row[1] for row in block])
-            count += len(block)
+        for block in blocks:
+            self._feed_block(block.lsns, block.datas)
+            count += len(block.lsns)
         return count
 
     def _feed_block(self, lsns: Sequence[int], datas: Sequence[bytes]) -> None:
@@ -875,51 +873,68 @@ class _CommitColumns:
 
 
 class _CommitTable:
-    """Commit values of the plain transactions of a batch, by tag (their order of Begin)."""
+    """Commit values of the plain transactions of a batch, by tag (their order of Begin), in
+    arrays that grow by doubling: commit LSN, end LSN, xid, commit time (µs since 1970)."""
 
     def __init__(self) -> None:
         self.clear()
 
     def clear(self) -> None:
-        self._rows: list[tuple[int, int, int, int] | None] = []
-        self._starts: list[int] = []
+        self._size = 0
+        self._starts = np.zeros(1024, dtype=np.int64)
+        self._values = [np.zeros(1024, dtype=np.int64) for _ in range(4)]
+        self._live = np.zeros(1024, dtype=bool)
         self.pending = 0
+
+    def _reserve(self, count: int) -> int:
+        """Room for ``count`` more tags; returns the first."""
+        first = self._size
+        if first + count > len(self._starts):
+            capacity = max(first + count, 2 * len(self._starts))
+            self._starts = _grown(self._starts, capacity)
+            self._values = [_grown(column, capacity) for column in self._values]
+            self._live = _grown(self._live, capacity)
+        self._size = first + count
+        return first
 
     def open(self, start: int) -> int:
         """A tag for a transaction that just began with sequence number ``start``; it is dropped
         unless :meth:`commit` is called."""
-        self._rows.append(None)
-        self._starts.append(start)
-        return len(self._rows) - 1
+        tag = self._reserve(1)
+        self._starts[tag] = start
+        return tag
 
     def open_many(self, starts: np.ndarray) -> np.ndarray:
         """Tags for transactions that began with sequence numbers ``starts`` (in order)."""
-        first = len(self._rows)
-        self._rows.extend([None] * len(starts))
-        self._starts.extend(starts.tolist())
-        return np.arange(first, first + len(starts), dtype=np.int64)
+        first = self._reserve(len(starts))
+        self._starts[first : self._size] = starts
+        return np.arange(first, self._size, dtype=np.int64)
 
     def commit_many(
         self, tags: np.ndarray, commit_lsns: np.ndarray, end_lsns: np.ndarray, xids: np.ndarray, times: np.ndarray
     ) -> None:
-        rows = self._rows
-        for tag, row in zip(tags.tolist(), zip(commit_lsns.tolist(), end_lsns.tolist(), xids.tolist(), times.tolist())):
-            rows[tag] = row
+        for column, values in zip(self._values, (commit_lsns, end_lsns, xids, times)):
+            column[tags] = values
+        self._live[tags] = True
         self.pending += len(tags)
 
     def locate(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions within their transactions and tags of the changes numbered ``seqs``."""
-        starts = np.array(self._starts, dtype=np.int64)
+        starts = self._starts[: self._size]
         tags = np.searchsorted(starts, seqs, side="right") - 1
         return seqs - starts[tags], tags
 
     def commit(self, tag: int, info: CommitInfo) -> None:
-        self._rows[tag] = (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us)
+        for column, value in zip(self._values, (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us)):
+            column[tag] = value
+        self._live[tag] = True
         self.pending += 1
 
     def columns(self) -> _CommitColumns:
-        live = np.fromiter((row is not None for row in self._rows), dtype=bool, count=len(self._rows))
-        values = np.zeros((len(self._rows), 4), dtype=np.int64)
-        if live.any():
-            values[live] = np.array([row for row in self._rows if row is not None], dtype=np.int64)
-        return _CommitColumns([values[:, i].copy() for i in range(4)], live)
+        return _CommitColumns([column[: self._size] for column in self._values], self._live[: self._size])
+
+
+def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
+    grown = np.zeros(capacity, dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown

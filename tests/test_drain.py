@@ -31,7 +31,7 @@ from cdc_assets.errors import (
     SourcePermissionError,
 )
 from cdc_assets.lsn import format_lsn
-from cdc_assets.source import max_proto_version
+from cdc_assets.source import PeekBlock, max_proto_version
 from tests.conftest import Database
 from tests.support.oracle import replay, to_python
 from tests.support.pipeline import Pipeline, wait_until
@@ -405,9 +405,10 @@ def test_bounded_memory_paths(pg: Database, tmp_path: Path, workload: Workload, 
     transaction is converted early and spilled to a temporary Arrow file, also inside streamed
     transactions whose subtransactions abort after earlier chunks were spilled: the log is the same."""
     from cdc_assets import transactions
+    from cdc_assets.source import reader
 
     monkeypatch.setattr(transactions, "CHUNK_ROWS", 40)
-    monkeypatch.setattr(transactions, "BLOCK_ROWS", 16)
+    monkeypatch.setattr(reader, "PREFETCH_ROWS", 16)
     monkeypatch.setattr(transactions, "SPILL_BYTES", 1)
     spilled: list[str] = []
     mkstemp = transactions.tempfile.mkstemp
@@ -650,18 +651,17 @@ def test_heartbeat_moves_an_idle_slot(pg: Database, tmp_path: Path) -> None:
 def spy_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Collects the end LSN of every Commit a peek hands the drain at or below its checkpoint."""
     replayed: list[int] = []
-    original = drain_module.TransactionAssembler.feed_rows
+    original = drain_module.TransactionAssembler.feed_blocks
 
-    def feed_rows(self: Any, rows: Any) -> int:
-        def spy() -> Iterator[tuple[int, bytes]]:
-            for lsn, data in rows:
-                if data[:1] == b"C" and lsn <= self.checkpoint_lsn:
-                    replayed.append(lsn)
-                yield lsn, data
+    def feed_blocks(self: Any, blocks: Any) -> int:
+        def spy() -> Iterator[PeekBlock]:
+            for block in blocks:
+                replayed.extend(lsn for lsn, data in block.rows() if data[:1] == b"C" and lsn <= self.checkpoint_lsn)
+                yield block
 
         return original(self, spy())
 
-    monkeypatch.setattr(drain_module.TransactionAssembler, "feed_rows", feed_rows)
+    monkeypatch.setattr(drain_module.TransactionAssembler, "feed_blocks", feed_blocks)
     return replayed
 
 

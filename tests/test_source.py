@@ -109,8 +109,8 @@ def wait_until(condition: Callable[[], object], timeout: float = 20.0) -> None:
 
 def peek_messages(conn: psycopg.Connection[Any], source: SourceConfig, version: int) -> list[tuple[int, Message]]:
     decoder = PgoutputDecoder(streaming=source.streaming)
-    with SlotReader(conn, source, version, two_phase=False).peek(1_000_000) as rows:
-        return [(lsn, decoder.decode(data)) for lsn, data in rows]
+    with SlotReader(conn, source, version, two_phase=False).peek(1_000_000) as blocks:
+        return [(lsn, decoder.decode(data)) for block in blocks for lsn, data in block.rows()]
 
 
 def create_sql_slot(db: Database, slot: str, two_phase: bool = False) -> None:
@@ -716,18 +716,19 @@ def test_peek_streams_rows_with_pinned_settings(pg: Database) -> None:
         conn.execute("SET TimeZone = 'America/New_York'; SET IntervalStyle = 'iso_8601'")
         reader = SlotReader(conn, source, pg.version, two_phase=False, fetch_rows=100)
         decoder = PgoutputDecoder()
-        with reader.peek(10_000) as rows:
-            assert isinstance(rows, Iterator) and not isinstance(rows, list)
-            first = next(rows)
-            assert isinstance(first[0], int) and isinstance(first[1], bytes)
-            messages = [decoder.decode(first[1])] + [decoder.decode(data) for _, data in rows]
+        with reader.peek(10_000) as blocks:
+            assert isinstance(blocks, Iterator) and not isinstance(blocks, list)
+            first = next(blocks)
+            assert isinstance(first.lsns[0], int) and isinstance(first.datas[0], bytes)
+            assert first.lsns == sorted(first.lsns)
+            messages = [decoder.decode(data) for block in [first, *blocks] for data in block.datas]
         assert messages[0].xid == xid
         inserts = [m for m in messages if isinstance(m, InsertMessage)]
         assert len(inserts) == 1000
         assert inserts[0].new_tuple.values[1:] == (b"2024-01-02 03:04:05+00", b"-1 days +02:03:04")
         assert conn.execute("SHOW TimeZone").fetchone()[0] == "America/New_York"  # SET LOCAL ended with the peek
-        with reader.peek(10_000) as rows:  # leaving early cancels the query; the connection stays usable
-            next(rows)
+        with reader.peek(10_000) as blocks:  # leaving early cancels the query; the connection stays usable
+            next(blocks)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert sum(1 for _ in peek_messages(conn, source, pg.version)) == len(messages)
 

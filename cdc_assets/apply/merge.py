@@ -41,6 +41,10 @@ from cdc_assets.errors import CdcError
 
 MATCH = "_cdc_match"
 KIND = "_cdc_kind"
+BROADCAST_SOURCE_BYTES = 64 << 20
+"""A keyed MERGE whose change rows take at most this much Arrow memory sends them to every task
+scanning the table (a broadcast join) instead of shuffling the whole table by key. Spark's own
+threshold (10 MB) is below a batch of 100,000 changes, and Delta joins twice per MERGE."""
 
 
 class ApplyError(CdcError):
@@ -148,6 +152,8 @@ def _fill_unresolved(source: DataFrame, table: DataFrame, plan: ChangePlan, name
 def _merge_keyed(
     target: DeltaTarget, plan: ChangePlan, source: DataFrame, columns: list[str], lsn: int, filtered: bool
 ) -> MergeCounts:
+    if plan.rows.nbytes <= BROADCAST_SOURCE_BYTES:
+        source = F.broadcast(source)
     values = {_q(c): f"s.{_q(c)}" for c in columns}
     delete = f"s.{ACTION} = '{DELETE}'" + (f" OR NOT s.{MATCH}" if filtered else "")
     insert = f"s.{ACTION} = '{UPSERT}'" + (f" AND s.{MATCH}" if filtered else "")

@@ -25,6 +25,7 @@ from cdc_assets.source.publication import (
     published_tables,
 )
 from cdc_assets.source.reader import (
+    PeekBlock,
     PeekedRow,
     SlotReader,
     max_proto_version,
@@ -43,6 +44,7 @@ __all__ = [
     "PINNED_SETTINGS",
     "DrainLock",
     "ExportedSnapshot",
+    "PeekBlock",
     "PeekedRow",
     "ServerSettings",
     "SlotReader",

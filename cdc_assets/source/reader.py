@@ -6,11 +6,13 @@ peeked transactions durable (invariant 2).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
 import queue
 import threading
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from itertools import islice
+from operator import itemgetter
 from typing import Any, cast
 
 import psycopg
@@ -27,9 +29,22 @@ from cdc_assets.source.slots import read_slot, slot_invalidated, slot_missing
 PeekedRow = tuple[int, bytes]
 """``(lsn, data)`` of one pgoutput message."""
 
+
+@dataclass(slots=True, frozen=True)
+class PeekBlock:
+    """Consecutive rows of one peek call, as columns: each message's LSN and its bytes."""
+
+    lsns: Sequence[int]
+    datas: Sequence[bytes]
+
+    def rows(self) -> Iterator[PeekedRow]:
+        return zip(self.lsns, self.datas)
+
+
+_LSN, _DATA = itemgetter(0), itemgetter(1)
 FETCH_ROWS = 10_000
 PREFETCH_ROWS = 8_192
-PREFETCH_BLOCKS = 8
+PREFETCH_BLOCKS = 16
 
 _PEEK = (
     "SELECT (lsn - '0/0')::int8, data"
@@ -89,12 +104,13 @@ class SlotReader:
         self.options: tuple[str, ...] = tuple(pgoutput_options(config, server_version, two_phase=two_phase))
 
     @contextmanager
-    def peek(self, limit: int, upto_lsn: int | None = None) -> Iterator[Iterator[PeekedRow]]:
-        """An iterator of ``(lsn, data)`` for up to about ``limit`` messages (calls end on
-        transaction boundaries) of transactions ending at or before ``upto_lsn`` (if given),
+    def peek(self, limit: int, upto_lsn: int | None = None) -> Iterator[Iterator[PeekBlock]]:
+        """An iterator of :class:`PeekBlock` objects holding up to about ``limit`` messages in all (calls end
+        on transaction boundaries) of transactions ending at or before ``upto_lsn`` (if given),
         inside one transaction with the pinned settings.
 
-        The server builds the whole result first; the client receives it ``fetch_rows`` at a time.
+        The server builds the whole result first; the client receives it ``fetch_rows`` at a time
+        and hands it on in blocks of ``PREFETCH_ROWS``.
         Server errors are raised as the :class:`~cdc_assets.errors.SourceError` subclass that
         explains them. Leaving the block early cancels the query.
         """
@@ -105,19 +121,19 @@ class SlotReader:
             # PostgreSQL 18 only warns about a missing publication and decodes nothing for it.
             if not publication_exists(conn, self._config.publication):
                 raise publication_missing_error(self._config.publication, self._config.slot)
-            rows = self._rows(limit, upto_lsn)
-            with closing(rows):
-                yield rows
+            blocks = self._blocks(limit, upto_lsn)
+            with closing(blocks):
+                yield blocks
         finally:
             if conn.info.transaction_status != TransactionStatus.IDLE:
                 conn.execute("ROLLBACK")
 
-    def _rows(self, limit: int, upto_lsn: int | None) -> Generator[PeekedRow, None, None]:
+    def _blocks(self, limit: int, upto_lsn: int | None) -> Generator[PeekBlock, None, None]:
         """The rows, received on a thread of their own a block at a time, so that the server
         sending the next rows overlaps the caller's work on the previous ones."""
         upto = None if upto_lsn is None else format_lsn(upto_lsn)
         params = (self._config.slot, upto, limit, list(self.options))
-        blocks: queue.Queue[list[PeekedRow] | BaseException | None] = queue.Queue(maxsize=PREFETCH_BLOCKS)
+        blocks: queue.Queue[PeekBlock | BaseException | None] = queue.Queue(maxsize=PREFETCH_BLOCKS)
         stop = threading.Event()
         receiver = threading.Thread(target=self._receive, args=(params, blocks, stop), name="slot-peek", daemon=True)
         receiver.start()
@@ -126,8 +142,8 @@ class SlotReader:
             while (block := blocks.get()) is not None:
                 if isinstance(block, BaseException):
                     raise block
-                lsn = block[-1][0]
-                yield from block
+                lsn = block.lsns[-1]
+                yield block
         except psycopg.Error as error:
             receiver.join()
             if self._conn.info.transaction_status == TransactionStatus.INERROR:
@@ -144,8 +160,8 @@ class SlotReader:
         )
         try:
             with closing(stream):  # closing before the end cancels the query
-                while not stop.is_set() and (block := list(islice(stream, PREFETCH_ROWS))):
-                    _offer(blocks, block, stop)
+                while not stop.is_set() and (rows := list(islice(stream, PREFETCH_ROWS))):
+                    _offer(blocks, PeekBlock(list(map(_LSN, rows)), list(map(_DATA, rows))), stop)
         except BaseException as error:  # noqa: BLE001 - handed to the consuming thread
             _offer(blocks, error, stop)
             return

@@ -41,7 +41,7 @@ from cdc_assets.errors import CdcError
 
 MATCH = "_cdc_match"
 KIND = "_cdc_kind"
-BROADCAST_SOURCE_BYTES = 64 << 20
+BROADCAST_SOURCE_BYTES = 32 << 20
 """A keyed MERGE whose change rows take at most this much Arrow memory sends them to every task
 scanning the table (a broadcast join) instead of shuffling the whole table by key. Spark's own
 threshold (10 MB) is below a batch of 100,000 changes, and Delta joins twice per MERGE."""

@@ -627,6 +627,26 @@ def test_small_batches(pg: Database, tmp_path: Path, workload: Workload, streami
     assert_transactions_log(pipe, w.xids)
 
 
+def test_thousands_of_transactions_in_one_batch(pg: Database, tmp_path: Path) -> None:
+    """5,000 one-row transactions in one batch (the vectorized path, and the commit table grown
+    past its first arrays): each change carries its own transaction's xid and commit LSN."""
+    pg.execute("CREATE TABLE many (id int PRIMARY KEY, xid bigint NOT NULL)")
+    pipe = Pipeline(pg, tmp_path, ["public.many"])
+    pipe.setup()
+    pg.execute(
+        "DO $$ BEGIN FOR i IN 1..5000 LOOP"
+        " INSERT INTO many VALUES (i, txid_current() % 4294967296); COMMIT; END LOOP; END $$"
+    )
+    result = pipe.drain()
+    assert result.batches == 1 and result.transactions == 5000
+    xids = [row[0] for row in pg.execute("SELECT xid FROM many ORDER BY id")]
+    log = assert_transactions_log(pipe, xids)
+    commit_of = dict(zip(log.column("xid").to_pylist(), log.column("commit_lsn").to_pylist()))
+    changes = records(pipe, "public.many")
+    assert [c["new"]["id"] for c in changes] == list(range(1, 5001))
+    assert all(c["_cdc_xid"] == c["new"]["xid"] and c["_cdc_commit_lsn"] == commit_of[c["_cdc_xid"]] for c in changes)
+
+
 def test_heartbeat_moves_an_idle_slot(pg: Database, tmp_path: Path) -> None:
     """WAL written elsewhere holds an idle slot back; with ``heartbeat: true`` each drain commits
     a heartbeat message, logs it and moves the slot past that WAL."""

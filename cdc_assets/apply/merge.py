@@ -42,9 +42,10 @@ from cdc_assets.errors import CdcError
 MATCH = "_cdc_match"
 KIND = "_cdc_kind"
 BROADCAST_SOURCE_BYTES = 32 << 20
-"""A keyed MERGE whose change rows take at most this much Arrow memory sends them to every task
-scanning the table (a broadcast join) instead of shuffling the whole table by key. Spark's own
-threshold (10 MB) is below a batch of 100,000 changes, and Delta joins twice per MERGE."""
+"""A keyed MERGE whose change rows take at most this much Arrow memory broadcasts them to the
+tasks scanning the table when Delta looks for the files to touch, instead of shuffling the whole
+table by key (a batch of 100,000 changes of a 7-column table is already ~10 MB, Spark's own
+threshold). Delta's second join uses its materialized copy of the rows, without the hint."""
 
 
 class ApplyError(CdcError):

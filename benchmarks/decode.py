@@ -207,7 +207,7 @@ def main() -> int:
         print(f"peek options: {' '.join(reader.options)}", flush=True)
         with reader.peek(NO_LIMIT) as blocks:
             captured = list(blocks)
-        datas = [data for block in captured for data in block.datas]
+        datas = [data for block in captured for data in block.messages()]
         kinds = collections.Counter(message_name(d[0]) for d in datas)
         nbytes = sum(map(len, datas))
         changes = sum(kinds.get(k, 0) for k in ("Insert", "Update", "Delete"))

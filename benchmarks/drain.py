@@ -8,8 +8,11 @@ rate: ``pgbench -i``, then ``cdc_assets.setup.setup`` for ``--repeat`` + 3 confi
       ``pgbench -n -c 2`` (4 changes per transaction; ``--batch-changes`` to set the timed drains'
       ``source.batch_changes``). For each of the ``--repeat`` slots: the bare
       peek fetch of the whole slot range (``SlotReader.peek``, the drain's query and cursor, nothing
-      per row) ``--fetches`` times, then ``cdc_assets.drain.drain`` of that slot.
-      Requirement: drain changes/s >= 0.5 x fetch changes/s over the same range (median of rounds).
+      per row; its child process started beforehand) ``--fetches`` times, the same query streamed by
+      psycopg in this process (``plain``, what any client would do) as often, then
+      ``cdc_assets.drain.drain`` of that slot (everything timed: lock, connections, child, ...).
+      Requirement: drain changes/s >= 0.5 x fetch changes/s over the same range (median of rounds),
+      taking per round the faster of the two fetches' medians.
       Then, to show where the time goes: one drain under phase timers (library methods wrapped for
       the duration: server time to first row, row fetch, feed_blocks work, writer close, advance, ...),
       the same with ``batch_changes: --big-batch``, and one under cProfile (if the rate fails or
@@ -48,7 +51,8 @@ import psycopg
 from cdc_assets.config import Config, load_config
 from cdc_assets.drain import DrainProgress, drain
 from cdc_assets.setup import setup
-from cdc_assets.source.reader import SlotReader
+from cdc_assets.source.connection import apply_pinned_settings
+from cdc_assets.source.reader import FETCH_ROWS, PEEK_QUERY, SlotReader, pgoutput_options
 
 NO_LIMIT = 2**31 - 1
 PUBLICATION = "bench_pub"
@@ -98,9 +102,12 @@ def folder_bytes(path: Path) -> int:
 
 
 def fetch_once(config: Config, major: int) -> float:
-    """The drain's peek over the whole slot range, nothing done per row."""
-    with psycopg.connect(config.source.dsn, autocommit=True) as conn:
-        reader = SlotReader(conn, config.source, major, two_phase=False)
+    """The drain's peek over the whole slot range (its child process), nothing done per row."""
+    with psycopg.connect(config.source.dsn, autocommit=True) as conn, SlotReader(
+        conn, config.source, major, two_phase=False
+    ) as reader:
+        with reader.peek(1) as blocks:  # the child started and connected: not timed
+            collections.deque(blocks, maxlen=0)
         gc.collect()
         started = time.perf_counter()
         with reader.peek(NO_LIMIT) as blocks:
@@ -108,14 +115,27 @@ def fetch_once(config: Config, major: int) -> float:
         return time.perf_counter() - started
 
 
+def plain_fetch_once(config: Config, major: int) -> float:
+    """The same query streamed by psycopg in this process, as any client would, nothing per row."""
+    options = pgoutput_options(config.source, major, two_phase=False)
+    with psycopg.connect(config.source.dsn, autocommit=True) as conn:
+        gc.collect()
+        started = time.perf_counter()
+        with conn.transaction():
+            apply_pinned_settings(conn)
+            rows = conn.cursor(binary=True).stream(PEEK_QUERY, (config.source.slot, None, NO_LIMIT, options), size=FETCH_ROWS)
+            collections.deque(rows, maxlen=0)
+        return time.perf_counter() - started
+
+
 def server_decode_once(config: Config) -> float:
     """The whole slot range decoded on the server alone (count(*)), nothing sent."""
     with psycopg.connect(config.source.dsn, autocommit=True) as conn:
-        reader = SlotReader(conn, config.source, conn.info.server_version // 10000, two_phase=False)
+        options = pgoutput_options(config.source, conn.info.server_version // 10000, two_phase=False)
         started = time.perf_counter()
         conn.execute(
             "SELECT count(*) FROM pg_logical_slot_peek_binary_changes(%s::name, NULL, NULL, VARIADIC %s::text[])",
-            (config.source.slot, list(reader.options)),
+            (config.source.slot, options),
         ).fetchone()
         return time.perf_counter() - started
 
@@ -123,10 +143,11 @@ def server_decode_once(config: Config) -> float:
 def count_range(config: Config, major: int) -> tuple[int, int, int]:
     """Messages, changes and payload bytes in the slot (one untimed pass)."""
     messages = changes = nbytes = 0
-    with psycopg.connect(config.source.dsn, autocommit=True) as conn:
-        reader = SlotReader(conn, config.source, major, two_phase=False)
+    with psycopg.connect(config.source.dsn, autocommit=True) as conn, SlotReader(
+        conn, config.source, major, two_phase=False
+    ) as reader:
         with reader.peek(NO_LIMIT) as blocks:
-            for data in (data for block in blocks for data in block.datas):
+            for data in (data for block in blocks for data in block.messages()):
                 messages += 1
                 nbytes += len(data)
                 if data[0] in b"IUD":
@@ -136,13 +157,13 @@ def count_range(config: Config, major: int) -> tuple[int, int, int]:
 
 PHASES = {
     "server": "server: peek call until its first block of rows (decoding from restart_lsn)",
-    "fetch": "client: psycopg row fetch after the first row",
+    "fetch": "client: waiting for the receiving process's next block, after the first",
     "process": "client: feed_blocks work (decode, assemble, Arrow, records to writer)",
     "finish": "client: finish_call (last conversions, records to writer)",
     "close": "writer.close (Parquet footers, fsync, transactions file)",
     "checkpoint": "write_checkpoint",
     "advance": "slot advance (server decodes the batch again)",
-    "setup": "peek setup (BEGIN, SET LOCAL, publication check)",
+    "setup": "peek setup (publication check)",
     "other": "other (connect, lock, reconcile, cleanup)",
 }
 
@@ -275,6 +296,7 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         rounds = []
         for i, config in enumerate(configs[: args.repeat]):
             fetches = [fetch_once(config, major) for _ in range(args.fetches)]
+            plains = [plain_fetch_once(config, major) for _ in range(args.fetches)]
             load = os.getloadavg()
             batches: list[DrainProgress] = []
             gc.collect()
@@ -283,7 +305,7 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             wall = time.perf_counter() - started
             if result.total_changes != changes:
                 print(f"WARNING: drained {result.total_changes:,} changes, the range holds {changes:,}", flush=True)
-            fetch_median = statistics.median(fetches)
+            fetch_median = min(statistics.median(fetches), statistics.median(plains))  # the stricter
             rate = result.total_changes / wall
             fetch_rate = changes / fetch_median
             per_batch = [
@@ -293,6 +315,7 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 {
                     "slot": config.source.slot,
                     "fetch_seconds": [round(f, 3) for f in fetches],
+                    "plain_fetch_seconds": [round(f, 3) for f in plains],
                     "fetch_median_s": fetch_median,
                     "fetch_changes_per_s": fetch_rate,
                     "fetch_messages_per_s": messages / fetch_median,
@@ -309,7 +332,8 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 }
             )
             print(
-                f"[rate] round {i + 1}: fetch {', '.join(f'{f:.2f}' for f in fetches)} s"
+                f"[rate] round {i + 1}: fetch {', '.join(f'{f:.2f}' for f in fetches)} s,"
+                f" plain psycopg fetch {', '.join(f'{f:.2f}' for f in plains)} s"
                 f" ({fetch_rate:,.0f} changes/s median); drain {wall:.2f} s, {result.batches} batches"
                 f" ({rate:,.0f} changes/s); ratio {rate / fetch_rate:.2f}",
                 flush=True,
@@ -359,6 +383,7 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             "drain_rate_median": statistics.median(r["drain_changes_per_s"] for r in rounds),
             "fetch_rate_best": changes / min(min(r["fetch_seconds"]) for r in rounds),
             "fetch_rate_median": changes / statistics.median(f for r in rounds for f in r["fetch_seconds"]),
+            "plain_fetch_rate_median": changes / statistics.median(f for r in rounds for f in r["plain_fetch_seconds"]),
             "pass": ratio_median >= 0.5,
             "breakdowns": breakdowns,
             "profiles": profiles,
@@ -396,6 +421,8 @@ SlotReader.peek = counting_peek
 baseline = psutil.Process().memory_info().rss
 started = time.perf_counter()
 result = drain(config)
+from cdc_assets.source.receiver import POOL
+POOL.clear()  # waits for the peek's receiving process, so that RUSAGE_CHILDREN counts it
 print(json.dumps({
     "seconds": time.perf_counter() - started,
     "changes": result.total_changes,
@@ -404,12 +431,14 @@ print(json.dumps({
     "baseline_rss": baseline,
     "peeks": peeks,
     "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "children_ru_maxrss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
 }))
 """
 
 
 def drain_in_child(config: Config) -> dict[str, Any]:
-    """Drain in a subprocess; sample its RSS every 10 ms."""
+    """Drain in a subprocess; sample its RSS plus its children's (the peek's receiving process)
+    every 10 ms."""
     assert config.path is not None
     process = subprocess.Popen([sys.executable, "-c", CHILD, str(config.path)], stdout=subprocess.PIPE, text=True)
     watched = psutil.Process(process.pid)
@@ -417,7 +446,8 @@ def drain_in_child(config: Config) -> dict[str, Any]:
     samples = 0
     while process.poll() is None:
         try:
-            peak = max(peak, watched.memory_info().rss)
+            family = [watched, *watched.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in family))
             samples += 1
         except psutil.NoSuchProcess:
             break
@@ -428,7 +458,8 @@ def drain_in_child(config: Config) -> dict[str, Any]:
     report = json.loads(out.strip().splitlines()[-1])
     report["sampled_peak_rss"] = peak
     report["samples"] = samples
-    report["peak_rss"] = max(peak, report["ru_maxrss"])
+    # the two processes' own peaks added up: an upper bound, in case the sampling missed a peak
+    report["peak_rss"] = max(peak, report["ru_maxrss"] + report["children_ru_maxrss"])
     return report
 
 

@@ -16,7 +16,11 @@ from typing import Any
 
 import psycopg
 
-from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from cdc_assets.changelog.checkpoint import (
+    Checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.changelog.writer import BatchWriter
@@ -39,6 +43,7 @@ from cdc_assets.source import (
     require_usable_slot,
     server_major,
 )
+from cdc_assets.source.receiver import POOL as PEEK_CHILDREN
 from cdc_assets.transactions import TransactionAssembler
 
 FIRST_USER_OID = 10000
@@ -93,6 +98,7 @@ def drain(
     source = config.source
     store = LogStore(config.changelog_path)
     started = time.monotonic()
+    PEEK_CHILDREN.prestart()
     with DrainLock(source, wait), connect(source, purpose="drain") as conn, connect(source, purpose="catalog") as catalog_conn:
         checkpoint = read_checkpoint(store)
         if checkpoint is None:
@@ -105,61 +111,61 @@ def drain(
             )
         major = server_major(conn)
         slot = require_usable_slot(read_slot(conn, source.slot), source)
-        reader = SlotReader(conn, source, major, two_phase=slot.two_phase)
-        _reconcile(reader, slot, checkpoint)
-        ChangeLogReader(store).remove_stale()
-        if source.heartbeat:
-            emit_heartbeat(catalog_conn)
-        target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
-        result = DrainResult(start_lsn=checkpoint.lsn, checkpoint_lsn=checkpoint.lsn)
-        catalog = TypeCatalog()
-        assembler = TransactionAssembler(
-            streaming=source.streaming,
-            catalog=catalog,
-            describe=_describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}),
-            slot=source.slot,
-            spill_dir=spill_dir,
-        )
-        limit = source.batch_changes
-        while True:
-            writer = BatchWriter(store, checkpoint)
-            assembler.start_call(writer, checkpoint.lsn)
-            try:
-                with reader.peek(limit, upto_lsn=target) as blocks:
-                    fault_point("mid-batch")
-                    count = assembler.feed_blocks(blocks)
-                assembler.finish_call()
-            except BaseException:
-                writer.abandon()
-                raise
-            if assembler.last_end_lsn > checkpoint.lsn:
-                checkpoint = writer.close(assembler.last_end_lsn)
-                fault_point("after-segments")
-                write_checkpoint(store, checkpoint)
-                fault_point("after-checkpoint")
-                reader.advance(checkpoint.lsn)
-                fault_point("after-advance")
-                writer.after_checkpoint()
-                _add(result, writer)
-            else:
-                writer.abandon()
-                if assembler.completed:
-                    # Every transaction it completed is already in the log: the slot re-sent them
-                    # (it is behind the checkpoint). Move it up, or the next call repeats this one.
+        with SlotReader(conn, source, major, two_phase=slot.two_phase) as reader:
+            _reconcile(reader, slot, checkpoint)
+            ChangeLogReader(store).remove_stale()
+            if source.heartbeat:
+                emit_heartbeat(catalog_conn)
+            target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
+            result = DrainResult(start_lsn=checkpoint.lsn, checkpoint_lsn=checkpoint.lsn)
+            catalog = TypeCatalog()
+            assembler = TransactionAssembler(
+                streaming=source.streaming,
+                catalog=catalog,
+                describe=_describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}),
+                slot=source.slot,
+                spill_dir=spill_dir,
+            )
+            limit = source.batch_changes
+            while True:
+                writer = BatchWriter(store, checkpoint)
+                assembler.start_call(writer, checkpoint.lsn)
+                try:
+                    with reader.peek(limit, upto_lsn=target) as blocks:
+                        fault_point("mid-batch")
+                        count = assembler.feed_blocks(blocks)
+                    assembler.finish_call()
+                except BaseException:
+                    writer.abandon()
+                    raise
+                if assembler.last_end_lsn > checkpoint.lsn:
+                    checkpoint = writer.close(assembler.last_end_lsn)
+                    fault_point("after-segments")
+                    write_checkpoint(store, checkpoint)
+                    fault_point("after-checkpoint")
                     reader.advance(checkpoint.lsn)
-            result.checkpoint_lsn = checkpoint.lsn
-            if progress is not None:
-                progress(
-                    DrainProgress(
-                        result.batches, result.transactions, result.total_changes, checkpoint.lsn, target,
-                        time.monotonic() - started,
+                    fault_point("after-advance")
+                    writer.after_checkpoint()
+                    _add(result, writer)
+                else:
+                    writer.abandon()
+                    if assembler.completed:
+                        # Every transaction it completed is already in the log: the slot re-sent them
+                        # (it is behind the checkpoint). Move it up, or the next call repeats this one.
+                        reader.advance(checkpoint.lsn)
+                result.checkpoint_lsn = checkpoint.lsn
+                if progress is not None:
+                    progress(
+                        DrainProgress(
+                            result.batches, result.transactions, result.total_changes, checkpoint.lsn, target,
+                            time.monotonic() - started,
+                        )
                     )
-                )
-            if count < limit or checkpoint.lsn >= target:
-                break
-            # A call that completed nothing holds one transaction larger than the limit: ask for more.
-            limit = limit * 2 if assembler.completed == 0 else source.batch_changes
-        result.slot = read_slot(conn, source.slot)
+                if count < limit or checkpoint.lsn >= target:
+                    break
+                # A call that completed nothing holds one transaction larger than the limit: ask for more.
+                limit = limit * 2 if assembler.completed == 0 else source.batch_changes
+            result.slot = read_slot(conn, source.slot)
     result.elapsed_s = time.monotonic() - started
     return result
 

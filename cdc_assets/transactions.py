@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from struct import Struct
 from typing import Protocol
@@ -467,51 +467,45 @@ class TransactionAssembler:
         """
         count = 0
         for block in blocks:
-            self._feed_block(block.lsns, block.datas)
-            count += len(block.lsns)
+            self._feed_block(block)
+            count += len(block)
         return count
 
-    def _feed_block(self, lsns: Sequence[int], datas: Sequence[bytes]) -> None:
-        lengths = np.fromiter(map(len, datas), dtype=np.int64, count=len(datas))
-        ends = np.cumsum(lengths)
-        starts = ends - lengths
-        view = _BlockView(b"".join(datas) + _PADDING)
-        types = np.where(lengths > 0, view.u8[starts], 0)
+    def _feed_block(self, block: PeekBlock) -> None:
+        ends = block.ends
+        starts = block.starts()
+        view = _BlockView(block.data + _PADDING)
+        types = np.where(ends > starts, view.u8[starts], 0)
         plain = np.isin(types, _PLAIN_TYPES)
         first = 0
-        for stop in [*np.flatnonzero(~plain).tolist(), len(datas)]:
+        for stop in [*np.flatnonzero(~plain).tolist(), len(block)]:
             if stop > first:
-                self._plain_run(view, starts[first:stop], ends[first:stop], types[first:stop], lsns, datas, first)
-            if stop < len(datas):
-                self.feed(lsns[stop], datas[stop])
+                self._plain_run(view, starts[first:stop], ends[first:stop], types[first:stop], block, first)
+            if stop < len(block):
+                self._one_by_one(block, stop, stop + 1)
             first = stop + 1
 
     def _plain_run(
-        self,
-        view: _BlockView,
-        starts: np.ndarray,
-        ends: np.ndarray,
-        types: np.ndarray,
-        lsns: Sequence[int],
-        datas: Sequence[bytes],
-        offset: int,
+        self, view: _BlockView, starts: np.ndarray, ends: np.ndarray, types: np.ndarray, block: PeekBlock, offset: int
     ) -> None:
         """Rows ``offset…`` of a block, all Begin/Commit/Insert/Update/Delete, vectorized when they
         are plain transactions of relations this call described; else message by message."""
         count = len(starts)
         done = 0
         if self._stream is not None or self._decoder.in_stream or (self._current and self._current.own):
-            return self._one_by_one(lsns, datas, offset, 0, count)
+            return self._one_by_one(block, offset, offset + count)
         if self._current is not None:  # finish the transaction the run starts inside, one by one
             commits = np.flatnonzero(types == _COMMIT)
             done = int(commits[0]) + 1 if len(commits) else count
-            self._one_by_one(lsns, datas, offset, 0, done)
-        if done < count and not self._vectorized(view, starts[done:], ends[done:], types[done:], lsns[offset + done]):
-            self._one_by_one(lsns, datas, offset, done, count)  # something is off: exact errors come from here
+            self._one_by_one(block, offset, offset + done)
+        if done < count and not self._vectorized(
+            view, starts[done:], ends[done:], types[done:], int(block.lsns[offset + done])
+        ):
+            self._one_by_one(block, offset + done, offset + count)  # something is off: exact errors come from here
 
-    def _one_by_one(self, lsns: Sequence[int], datas: Sequence[bytes], offset: int, start: int, stop: int) -> None:
-        for index in range(offset + start, offset + stop):
-            self.feed(lsns[index], datas[index])
+    def _one_by_one(self, block: PeekBlock, start: int, stop: int) -> None:
+        for lsn, data in block.rows(start, stop):
+            self.feed(lsn, data)
 
     def _vectorized(self, view: _BlockView, starts: np.ndarray, ends: np.ndarray, types: np.ndarray, lsn: int) -> bool:
         """Plain transactions starting outside any transaction; False (nothing done) unless every

@@ -47,6 +47,7 @@ BATCH_CHANGES = 50
 WRITER_RATE = 30.0  # transactions per second all along (bursts on top build a backlog quickly)
 MAX_BACKLOG = 1000  # past this many undrained transactions, a catch-up drain runs to its end
 MAX_DELAY = 1.5  # seconds: the longest random delay before a kill
+STARTUP_S = 0.3  # seconds: a drain's start after taking its lock (its peek's receiving process starts)
 MIN_REAL_KILLS = 50
 VERBOSE = bool(os.environ.get("CDC_CRASH_VERBOSE"))
 
@@ -145,7 +146,7 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
                     lambda p=process: p.poll() is not None or monitor.lock_granted(), 60, "the drain to take its lock", 0.01
                 )
                 # The experiment: a random moment within the drain's expected run time.
-                time.sleep(rng.uniform(0.0, min(MAX_DELAY, 1.1 * (backlog() / rate_estimate + 0.05))))
+                time.sleep(rng.uniform(0.0, min(MAX_DELAY, 1.1 * (STARTUP_S + backlog() / rate_estimate))))
                 killed, code, out, err = kill(process)
             else:
                 wait_backlog(12 * n + 100)  # enough work for the drain to pass the point n times

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -719,9 +724,10 @@ def test_peek_streams_rows_with_pinned_settings(pg: Database) -> None:
         with reader.peek(10_000) as blocks:
             assert isinstance(blocks, Iterator) and not isinstance(blocks, list)
             first = next(blocks)
-            assert isinstance(first.lsns[0], int) and isinstance(first.datas[0], bytes)
-            assert first.lsns == sorted(first.lsns)
-            messages = [decoder.decode(data) for block in [first, *blocks] for data in block.datas]
+            lsn, data = next(first.rows())
+            assert isinstance(lsn, int) and isinstance(data, bytes)
+            assert (first.lsns[1:] >= first.lsns[:-1]).all()
+            messages = [decoder.decode(data) for block in [first, *blocks] for data in block.messages()]
         assert messages[0].xid == xid
         inserts = [m for m in messages if isinstance(m, InsertMessage)]
         assert len(inserts) == 1000
@@ -731,6 +737,134 @@ def test_peek_streams_rows_with_pinned_settings(pg: Database) -> None:
             next(blocks)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert sum(1 for _ in peek_messages(conn, source, pg.version)) == len(messages)
+
+
+def _peek_sessions(conn: psycopg.Connection[Any]) -> int:
+    (count,) = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cdc-assets:peek' AND datname = current_database()"
+    ).fetchone()
+    return int(count)
+
+
+def test_peek_runs_in_a_reused_child_that_disconnects_between_readers(pg: Database) -> None:
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
+    source = source_of(pg)
+    create_sql_slot(pg, source.slot)
+    pg.execute("INSERT INTO t VALUES (1)")
+    with pg.connect() as conn:
+        with SlotReader(conn, source, pg.version, two_phase=False) as first:
+            with first.peek(10) as blocks:
+                assert sum(len(block) for block in blocks) == 4  # Begin, Relation, Insert, Commit
+            child = first.receiver_pid
+            assert child is not None and child != os.getpid()
+            assert _peek_sessions(conn) == 1
+        assert first.receiver_pid is None
+        wait_until(lambda: _peek_sessions(conn) == 0)
+        assert psutil.Process(child).is_running()  # kept, disconnected, for the next reader
+        with SlotReader(conn, source, pg.version, two_phase=False) as second:
+            assert second.receiver_pid == child
+            with second.peek(10) as blocks:
+                assert sum(len(block) for block in blocks) == 4
+        os.kill(child, signal.SIGKILL)  # an idle child that died is replaced
+        wait_until(lambda: os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None)  # exited
+        with SlotReader(conn, source, pg.version, two_phase=False) as third:
+            assert third.receiver_pid != child
+            with third.peek(10) as blocks:
+                assert sum(len(block) for block in blocks) == 4
+
+
+def test_peek_child_that_dies_is_a_clear_error_and_is_replaced(pg: Database) -> None:
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
+    source = source_of(pg)
+    create_sql_slot(pg, source.slot)
+    pg.execute("INSERT INTO t SELECT generate_series(1, 300000)")  # far more blocks than are queued
+    with pg.connect() as conn, SlotReader(conn, source, pg.version, two_phase=False) as reader:
+        confirmed = read_slot(conn, source.slot).confirmed_flush_lsn
+        child = reader.receiver_pid
+        assert child is not None
+        died = rf"the peek's receiving process \(pid {child}\) failed: it ended in the middle of an answer; it exited with code -9"
+        with pytest.raises(SourceError, match=died), reader.peek(1_000_000) as blocks:
+            next(blocks)
+            os.kill(child, signal.SIGKILL)
+            for _ in blocks:
+                pass
+        wait_until(lambda: read_slot(conn, source.slot).active_pid is None)
+        with reader.peek(1_000_000) as blocks:
+            assert sum(len(block) for block in blocks) == 300_003  # and Begin, Relation, Commit
+        assert reader.receiver_pid not in (None, child)
+        assert read_slot(conn, source.slot).confirmed_flush_lsn == confirmed  # peeks never move the slot
+
+
+def test_peek_child_exits_with_its_parent(pg: Database) -> None:
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
+    source = source_of(pg)
+    create_sql_slot(pg, source.slot)
+    script = (
+        "import sys, psycopg\n"
+        "from cdc_assets.config import SourceConfig\n"
+        "from cdc_assets.source import SlotReader\n"
+        "source = SourceConfig(dsn=sys.argv[1], slot=sys.argv[2])\n"
+        "reader = SlotReader(psycopg.connect(sys.argv[1], autocommit=True), source, int(sys.argv[3]), two_phase=False)\n"
+        "with reader.peek(10) as blocks:\n"
+        "    list(blocks)\n"
+        "print(reader.receiver_pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, pg.dsn, source.slot, str(pg.version)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        with pg.connect() as conn:
+            assert _peek_sessions(conn) == 1
+            parent.kill()
+            parent.wait()
+            wait_until(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
+            wait_until(lambda: _peek_sessions(conn) == 0)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_peek_child_outlives_the_thread_that_started_it(pg: Database) -> None:
+    """Dagster runs drains on threads that end; their children must stay usable."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
+    source = source_of(pg)
+    create_sql_slot(pg, source.slot)
+    pg.execute("INSERT INTO t VALUES (1)")
+    with pg.connect() as conn:
+        readers: list[SlotReader] = []
+
+        def start() -> None:  # a reader whose child runs a peek, on a thread that then ends
+            reader = SlotReader(conn, source, pg.version, two_phase=False)
+            with reader.peek(10) as blocks:
+                assert sum(len(block) for block in blocks) == 4
+            readers.append(reader)
+
+        thread = threading.Thread(target=start)
+        thread.start()
+        thread.join()
+        assert thread.native_id is not None
+        wait_until(lambda: not Path(f"/proc/self/task/{thread.native_id}").exists())
+        child = readers[0].receiver_pid
+        with readers[0] as reader, reader.peek(10) as blocks:
+            assert sum(len(block) for block in blocks) == 4
+        assert child is not None and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
+
+
+def test_peek_child_connection_failure_names_no_password(pg: Database) -> None:
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again below: nothing listens there
+    unreachable = SourceConfig(dsn=f"host=127.0.0.1 port={port} dbname=x user=x password=hunter2", slot="s_x")
+    with pg.connect() as conn, SlotReader(conn, unreachable, pg.version, two_phase=False) as reader:
+        with pytest.raises(SourceError, match=r"cannot connect to the source database \(peek\): ") as failure:
+            with reader.peek(10) as blocks:
+                list(blocks)
+    assert "hunter2" not in str(failure.value) and str(port) in str(failure.value)
 
 
 def test_advance_moves_the_slot(pg: Database) -> None:

@@ -37,8 +37,17 @@ def connect(
 ) -> psycopg.Connection[Any]:
     """Connect as ``application_name=cdc-assets:<purpose>``; ``replication`` opens a walsender
     connection (``replication=database``) for replication commands."""
+    info = conninfo(source, purpose=purpose, replication=replication)
     try:
-        password = conninfo_to_dict(source.dsn).get("password")
+        return psycopg.connect(info, autocommit=autocommit)
+    except psycopg.Error as error:
+        raise connect_failure(source, purpose, str(error)) from None
+
+
+def conninfo(source: SourceConfig, *, purpose: str, replication: bool = False) -> str:
+    """The connection string :func:`connect` uses (it holds the DSN's password: never show it)."""
+    try:
+        conninfo_to_dict(source.dsn)
     except psycopg.Error:
         # libpq's parse errors quote fragments of the string, which may be the password.
         raise SourceError(
@@ -47,11 +56,14 @@ def connect(
     extra = {"application_name": f"cdc-assets:{purpose}"}
     if replication:
         extra["replication"] = "database"
-    try:
-        return psycopg.connect(make_conninfo(source.dsn, **extra), autocommit=autocommit)
-    except psycopg.Error as error:
-        reason = redact(" ".join(str(error).split()), [str(password)] if password else [])
-        raise SourceError(f"cannot connect to the source database ({purpose}): {reason}") from None
+    return make_conninfo(source.dsn, **extra)
+
+
+def connect_failure(source: SourceConfig, purpose: str, message: str) -> SourceError:
+    """The error for a failed connection attempt: libpq's ``message`` with every password removed."""
+    password = conninfo_to_dict(source.dsn).get("password")
+    reason = redact(" ".join(message.split()), [str(password)] if password else [])
+    return SourceError(f"cannot connect to the source database ({purpose}): {reason}")
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
@@ -66,7 +78,12 @@ def apply_pinned_settings(conn: psycopg.Connection[Any]) -> None:
     """``SET LOCAL`` every :data:`PINNED_SETTINGS` in the connection's current transaction."""
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         raise ValueError("pinned settings are SET LOCAL: open a transaction first")
-    conn.execute(
+    conn.execute(*pinned_settings_statement())
+
+
+def pinned_settings_statement() -> tuple[str, tuple[list[str], list[str]]]:
+    """The statement (SQL and parameters) that sets every :data:`PINNED_SETTINGS` with ``SET LOCAL``."""
+    return (
         "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
         (list(PINNED_SETTINGS), list(PINNED_SETTINGS.values())),
     )

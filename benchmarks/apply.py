@@ -1,7 +1,7 @@
 """Apply benchmark: MERGE of N changes into a Delta table of M rows, against a plain append of N rows.
 
     python benchmarks/apply.py [--n 10000,100000,1000000] [--m 1000000,10000000] [--sizes NxM,...]
-                               [--repeat 3] [--repeat-large 1] [--driver-memory 8g] [--conf KEY=VALUE]
+                               [--repeat 3] [--repeat-large 1] [--recent 1.0] [--driver-memory 8g] [--conf KEY=VALUE]
                                [--out apply.json]
 
 What is measured -- the project's real apply path, minus reading the change log from Parquet:
@@ -12,7 +12,8 @@ What is measured -- the project's real apply path, minus reading the change log 
   7-column table ``public.big`` (bigint key, int, text, timestamptz, numeric(12,2), bool, float8):
   80% UPDATEs of distinct existing keys (no old tuple, as pgoutput sends for a default replica
   identity), 10% DELETEs of other existing keys (``K`` old key), 10% INSERTs of new keys, keys
-  drawn uniformly at random over the table and the changes shuffled over the transactions;
+  drawn uniformly at random over the table (``--recent 0.1``: over its newest tenth, as the changes of
+  a serial key cluster) and the changes shuffled over the transactions;
 * **merge** = ``planner.plan_changes`` (net change per key) + ``merge.write_plan`` on a
   ``target.DeltaTarget`` -- exactly what ``runner.apply_table`` does after
   ``ChangeLogReader.read_changes``: one Delta MERGE on the key, committed with the applied LSN;
@@ -159,10 +160,13 @@ def change_records(
     return pa.Table.from_batches(batches).combine_chunks(), end_lsn
 
 
-def change_set(n: int, m: int, rng: np.random.Generator, tx_size: int) -> dict[str, Any]:
+def change_set(n: int, m: int, rng: np.random.Generator, tx_size: int, recent: float = 1.0) -> dict[str, Any]:
+    """N changes; the updated and deleted keys are drawn from the newest ``recent`` share of the
+    table's keys (1.0: uniformly over the whole table), or from as many as they need."""
     updates, deletes = int(n * 0.8), int(n * 0.1)
     inserts = n - updates - deletes
-    existing = rng.choice(m, size=updates + deletes, replace=False).astype(np.int64) + 1  # base keys are 1..m
+    window = min(m, max(int(m * recent), updates + deletes))
+    existing = rng.choice(window, size=updates + deletes, replace=False).astype(np.int64) + (m - window) + 1  # base keys are 1..m
     keys = np.concatenate([existing, np.arange(m + 1, m + 1 + inserts, dtype=np.int64)])
     ops = np.array(["update"] * updates + ["delete"] * deletes + ["insert"] * inserts, dtype=object)
     order = rng.permutation(n)
@@ -291,6 +295,11 @@ def main() -> int:
     parser.add_argument("--repeat-large", type=int, default=1, help="repetitions of pairs with N >= 1M or M >= 10M")
     parser.add_argument("--tx-size", type=int, default=100, help="changes per source transaction")
     parser.add_argument("--rows-per-file", type=int, default=500_000, help="rows per Parquet file of the base tables")
+    parser.add_argument(
+        "--recent", type=float, default=1.0,
+        help="draw the updated and deleted keys from this newest share of the table (1.0: uniform over all of it;"
+        " 0.1: the newest tenth, as changes of a serial key cluster)",
+    )
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--driver-memory", default="8g")
     parser.add_argument(
@@ -328,6 +337,7 @@ def main() -> int:
         "machine": machine,
         "spark": {"master": args.master, "conf": conf},
         "tx_size": args.tx_size,
+        "recent": args.recent,
         "rows_per_file": args.rows_per_file,
         "bases": {},
         "runs": [],
@@ -369,7 +379,7 @@ def main() -> int:
                 continue
             if m == ms[0] and "warmup" not in results:
                 print("[warm-up] 10k changes, append and merge (untimed) ...", flush=True)
-                changes = change_set(10_000, m, rng, args.tx_size)
+                changes = change_set(10_000, m, rng, args.tx_size, args.recent)
                 results["warmup"] = [
                     run_one(spark, kind, base, workdir / f"trial-{(trial_no := trial_no + 1)}", changes, m, 10_000)["total_s"]
                     for kind in ("append", "merge")
@@ -380,7 +390,7 @@ def main() -> int:
                 large = n >= 1_000_000 or m >= 10_000_000
                 repeat = args.repeat_large if large else args.repeat
                 made = time.perf_counter()
-                changes = change_set(n, m, rng, args.tx_size)
+                changes = change_set(n, m, rng, args.tx_size, args.recent)
                 print(f"[N={fmt_count(n)} M={fmt_count(m)}] change set built in {time.perf_counter() - made:.1f} s", flush=True)
                 for r in range(repeat):
                     for kind in ("append", "merge") if r % 2 == 0 else ("merge", "append"):

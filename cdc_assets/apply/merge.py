@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -158,10 +159,14 @@ def _merge_keyed(
     values = {_q(c): f"s.{_q(c)}" for c in columns}
     delete = f"s.{ACTION} = '{DELETE}'" + (f" OR NOT s.{MATCH}" if filtered else "")
     insert = f"s.{ACTION} = '{UPSERT}'" + (f" AND s.{MATCH}" if filtered else "")
+    condition = F.expr(_null_safe("t", "s", list(plan.key)))
+    bounds = _key_bounds(plan)
+    if bounds is not None:
+        condition = condition & bounds
     merge = (
         DeltaTable.forPath(target.spark, target.path)
         .alias("t")
-        .merge(source.alias("s"), _null_safe("t", "s", list(plan.key)))
+        .merge(source.alias("s"), condition)
         .whenMatchedDelete(delete)
         .whenMatchedUpdate(set=values)
         .whenNotMatchedInsert(insert, values=values)
@@ -169,6 +174,25 @@ def _merge_keyed(
     with target.commit(lsn):
         metrics = merge.execute()
     return _counts(metrics)
+
+
+def _key_bounds(plan: ChangePlan) -> Column | None:
+    """``t.<first key column>`` between the smallest and the largest value the plan holds of it.
+
+    A condition on the target alone: Delta skips every file whose statistics put that column
+    outside the range, so a batch of changes to recent keys (a serial or time-ordered key) reads
+    the newest files only, not the whole table. None where the column's type has no such order
+    shared by Arrow, Spark and Delta's statistics (floats, timestamps, binary, nested) or holds a
+    null (a numeric NaN key is kept as null beside its text).
+    """
+    name = plan.key[0]
+    column = plan.rows.column(name)
+    kind = column.type
+    ordered = pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    if not (ordered or pa.types.is_date32(kind) or pa.types.is_decimal(kind)) or column.null_count or not len(column):
+        return None
+    bounds = pc.min_max(column)
+    return F.col(f"t.{_q(name)}").between(F.lit(bounds["min"].as_py()), F.lit(bounds["max"].as_py()))
 
 
 def _merge_multiset(

@@ -1,6 +1,6 @@
 """Where one MERGE's time goes, stage by stage (a diagnostic beside ``apply.py``).
 
-    python benchmarks/merge_stages.py [--n 100000] [--m 1000000] [--rounds 3] [--port 4050]
+    python benchmarks/merge_stages.py [--n 100000] [--m 1000000] [--recent 1.0] [--rounds 3] [--port 4050]
 
 Builds the same base table and change set as ``apply.py``, then runs ``--rounds`` merge/append
 pairs (the real ``plan_changes`` + ``write_plan``) with Spark's UI on, and prints the completed
@@ -34,6 +34,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--m", type=int, default=1_000_000)
+    parser.add_argument("--recent", type=float, default=1.0, help="as apply.py's --recent")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--port", type=int, default=4050)
     args = parser.parse_args()
@@ -45,7 +46,7 @@ def main() -> int:
     try:
         base = work / "base"
         print("base table:", bench.build_base(spark, base, args.m, 500_000))
-        changes = bench.change_set(args.n, args.m, np.random.default_rng(1), 100)
+        changes = bench.change_set(args.n, args.m, np.random.default_rng(1), 100, args.recent)
         for round_ in range(args.rounds):
             for kind in ("merge", "append"):
                 before = {s["stageId"] for s in completed_stages(args.port, app)}

@@ -1,6 +1,7 @@
 """A :class:`~cdc_assets.apply.planner.ChangePlan` → one Delta commit.
 
-* **Keyed**: one MERGE on the key (null-safe). Unresolved TOAST columns are first filled from the
+* **Keyed**: one MERGE on the key (null-safe), bounded by the plan's range of the first key
+  column so Delta skips the files outside it. Unresolved TOAST columns are first filled from the
   Delta row under the plan's fill key. With a row filter, the filter is evaluated on each final
   image and PostgreSQL's UPDATE transformation follows from whether the key is in the table
   (a filtered table holds a key exactly when its last image matched):
@@ -46,7 +47,8 @@ BROADCAST_SOURCE_BYTES = 32 << 20
 """A keyed MERGE whose change rows take at most this much Arrow memory broadcasts them to the
 tasks scanning the table when Delta looks for the files to touch, instead of shuffling the whole
 table by key (a batch of 100,000 changes of a 7-column table is already ~10 MB, Spark's own
-threshold). Delta's second join uses its materialized copy of the rows, without the hint."""
+threshold). Delta's rewrite joins ``source LEFT OUTER JOIN target``, which can only build the
+target side: it shuffles both whatever the hint."""
 
 
 class ApplyError(CdcError):

@@ -8,11 +8,14 @@ transformation, on a primary key, a composite key and REPLICA IDENTITY FULL; key
 key changes and unchanged TOAST values that only the Delta table still has; TRUNCATE applied and
 ignored; duplicate rows under REPLICA IDENTITY FULL; USING INDEX; keyless tables; exactly-once
 (a second apply is skipped, a replayed plan is skipped by Delta); schema changes between and
-inside batches; every common column type; the CLI."""
+inside batches; every common column type; the CLI; the MERGE's key range (files of older keys
+are never opened by a batch of recent ones)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -320,6 +323,18 @@ def data_files(path: str) -> list[Path]:
     return sorted(f for f in Path(path).rglob("*.parquet") if "_delta_log" not in f.parts)
 
 
+@contextmanager
+def damaged(files: dict[Path, bytes]) -> Iterator[None]:
+    """``files`` overwritten with junk for the duration (any read of them fails), then restored."""
+    for path in files:
+        path.write_bytes(b"not parquet" * 100)
+    try:
+        yield
+    finally:
+        for path, content in files.items():
+            path.write_bytes(content)
+
+
 def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """A batch that changes only recent keys of a serial key reads only the files that can hold
     them: the MERGE carries the batch's key range, and Delta skips every file whose statistics lie
@@ -343,25 +358,18 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
         "INSERT INTO ev SELECT g, 'newer ' || g FROM generate_series(1101, 1120) g",
     )
     mirror.drain()
-    for damaged in older:
-        damaged.write_bytes(b"not parquet" * 100)
-    with pytest.raises(Exception, match="(?i)parquet"):
-        mirror.spark.read.format("delta").load(path).select("note").collect()
-    applied = mirror.apply()["public.ev"]
+    with damaged(older):
+        with pytest.raises(Exception, match="(?i)parquet"):
+            mirror.spark.read.format("delta").load(path).select("note").collect()
+        applied = mirror.apply()["public.ev"]
     assert (applied.inserted, applied.updated, applied.deleted) == (20, 40, 10)
-    for restored, content in older.items():
-        restored.write_bytes(content)
     mirror.check("public.ev")
 
     # A change to an old key needs an older file: the damage is real.
     mirror.sql("UPDATE ev SET note = 'old, changed' WHERE id = 5")
     mirror.drain()
-    for damaged in older:
-        damaged.write_bytes(b"not parquet" * 100)
-    with pytest.raises(Exception, match="(?i)parquet"):
+    with damaged(older), pytest.raises(Exception, match="(?i)parquet"):
         mirror.apply()
-    for restored, content in older.items():
-        restored.write_bytes(content)
     mirror.apply()
     mirror.check("public.ev")
 
@@ -377,7 +385,8 @@ def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -
     def bounds(type_oid: int, *keys: Any) -> str | None:
         rel = relation("t", ("k", type_oid, KEY), ("v", TEXT))
         if type_oid == NUMERIC:  # numeric(12, 2): decimal128 in the change log (unconstrained: text)
-            rel = dataclasses.replace(rel, columns=(dataclasses.replace(rel.columns[0], type_modifier=NUMERIC_12_2), rel.columns[1]))
+            key = dataclasses.replace(rel.columns[0], type_modifier=NUMERIC_12_2)
+            rel = dataclasses.replace(rel, columns=(key, *rel.columns[1:]))
         log = ChangeLog(rel)
         for key in keys[:-1]:
             log.insert({"k": key, "v": "x"})

@@ -189,9 +189,8 @@ def _key_bounds(plan: ChangePlan) -> Column | None:
     """
     name = plan.key[0]
     column = plan.rows.column(name)
-    kind = column.type
-    ordered = pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
-    if not (ordered or pa.types.is_date32(kind) or pa.types.is_decimal(kind)) or column.null_count or not len(column):
+    ordered = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_date32, pa.types.is_decimal)
+    if not any(test(column.type) for test in ordered) or column.null_count or not len(column):
         return None
     bounds = pc.min_max(column)
     return F.col(f"t.{_q(name)}").between(F.lit(bounds["min"].as_py()), F.lit(bounds["max"].as_py()))

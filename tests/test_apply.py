@@ -30,10 +30,11 @@ from cdc_assets.apply.session import session_settings
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
 from tests.conftest import Database
 from tests.support.delta_read import difference
 from tests.support.mirror import Mirror
-from tests.support.records import INT8, KEY, T0, TEXT, ChangeLog, relation
+from tests.support.records import INT8, KEY, T0, TEXT, ChangeLog, numeric_modifier, relation
 
 
 @pytest.fixture
@@ -374,10 +375,6 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
     mirror.check("public.ev")
 
 
-FLOAT8, NUMERIC, TIMESTAMPTZ = 701, 1700, 1184
-NUMERIC_12_2 = ((12 << 16) | 2) + 4
-
-
 def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -> None:  # type: ignore[no-untyped-def]
     """The range covers every key of the plan, deleted ones included, and exists only where the
     first key column's order is the same in Arrow, Spark and Delta's statistics and no key is
@@ -385,7 +382,7 @@ def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -
     def bounds(type_oid: int, *keys: Any) -> str | None:
         rel = relation("t", ("k", type_oid, KEY), ("v", TEXT))
         if type_oid == NUMERIC:  # numeric(12, 2): decimal128 in the change log (unconstrained: text)
-            key = dataclasses.replace(rel.columns[0], type_modifier=NUMERIC_12_2)
+            key = dataclasses.replace(rel.columns[0], type_modifier=numeric_modifier(12, 2))
             rel = dataclasses.replace(rel, columns=(key, *rel.columns[1:]))
         log = ChangeLog(rel)
         for key in keys[:-1]:

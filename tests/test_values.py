@@ -30,6 +30,7 @@ from cdc_assets.pgoutput.values.calendar import (
 from cdc_assets.pgoutput.values.interval import format_interval, parse_interval
 from cdc_assets.pgoutput.values.numeric import numeric_typmod
 from cdc_assets.pgoutput.values.scalars import format_float
+from tests.support.records import numeric_modifier
 
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
@@ -39,16 +40,12 @@ CATALOG = TypeCatalog.of(
     [
         PgTypeInfo(MOOD, "public", "mood", "e"),
         PgTypeInfo(MOOD_ARRAY, "public", "_mood", "b", element_oid=MOOD),
-        PgTypeInfo(PRICE, "public", "price", "d", base_oid=types.NUMERIC, base_modifier=(10 << 16 | 2) + 4),
+        PgTypeInfo(PRICE, "public", "price", "d", base_oid=types.NUMERIC, base_modifier=numeric_modifier(10, 2)),
         PgTypeInfo(PRICE_ARRAY, "public", "_price", "b", element_oid=PRICE),
         PgTypeInfo(AMOUNT, "public", "amount", "d", base_oid=PRICE),
         PgTypeInfo(POINT3D, "public", "point3d", "c"),
     ]
 )
-
-
-def typmod(precision: int, scale: int) -> int:
-    return ((precision << 16) | (scale & 0x7FF)) + 4
 
 
 def convert(
@@ -134,13 +131,13 @@ def assert_decode_error(
         (types.XID, -1, pa.int64()),
         (types.FLOAT4, -1, pa.float32()),
         (types.FLOAT8, -1, pa.float64()),
-        (types.NUMERIC, typmod(10, 2), pa.decimal128(10, 2)),
-        (types.NUMERIC, typmod(38, 38), pa.decimal128(38, 38)),
-        (types.NUMERIC, typmod(5, 0), pa.decimal128(5, 0)),
+        (types.NUMERIC, numeric_modifier(10, 2), pa.decimal128(10, 2)),
+        (types.NUMERIC, numeric_modifier(38, 38), pa.decimal128(38, 38)),
+        (types.NUMERIC, numeric_modifier(5, 0), pa.decimal128(5, 0)),
         (types.NUMERIC, -1, pa.string()),
-        (types.NUMERIC, typmod(39, 2), pa.string()),
-        (types.NUMERIC, typmod(5, -2), pa.string()),
-        (types.NUMERIC, typmod(3, 5), pa.string()),
+        (types.NUMERIC, numeric_modifier(39, 2), pa.string()),
+        (types.NUMERIC, numeric_modifier(5, -2), pa.string()),
+        (types.NUMERIC, numeric_modifier(3, 5), pa.string()),
         (types.TEXT, -1, pa.string()),
         (types.VARCHAR, 24, pa.string()),
         (types.BPCHAR, 9, pa.string()),
@@ -157,7 +154,7 @@ def assert_decode_error(
         (types.TIMESTAMPTZ, -1, pa.timestamp("us", tz="UTC")),
         (types.INTERVAL, -1, pa.month_day_nano_interval()),
         (1007, -1, pa.list_(pa.int32())),
-        (1231, typmod(10, 2), pa.list_(pa.decimal128(10, 2))),
+        (1231, numeric_modifier(10, 2), pa.list_(pa.decimal128(10, 2))),
         (1009, -1, pa.list_(pa.string())),
         (1041, -1, pa.list_(pa.string())),  # inet[]: elements kept as text
         (types.BOX_ARRAY, -1, pa.string()),  # box[] separates elements with ';': kept whole
@@ -187,10 +184,10 @@ def test_nested_list_types_follow_ndims() -> None:
     ("modifier", "expected"),
     [
         (-1, None),
-        (typmod(10, 2), (10, 2)),
-        (typmod(5, -2), (5, -2)),
-        (typmod(1000, -1000), (1000, -1000)),
-        (typmod(3, 5), (3, 5)),
+        (numeric_modifier(10, 2), (10, 2)),
+        (numeric_modifier(5, -2), (5, -2)),
+        (numeric_modifier(1000, -1000), (1000, -1000)),
+        (numeric_modifier(3, 5), (3, 5)),
     ],
 )
 def test_numeric_typmod(modifier: int, expected: tuple[int, int] | None) -> None:
@@ -307,7 +304,7 @@ def test_decimal_numeric_with_nan_special() -> None:
     texts = [b"12.50", b"-0.01", b"0.00", b"NaN", None, b"99999999.99"]
     expected = [Decimal("12.50"), Decimal("-0.01"), Decimal("0.00"), None, None, Decimal("99999999.99")]
     for binary, values in ((False, texts), (True, [None if t is None else numeric_send(t.decode()) for t in texts])):
-        result = convert(types.NUMERIC, values, binary, modifier=typmod(10, 2))
+        result = convert(types.NUMERIC, values, binary, modifier=numeric_modifier(10, 2))
         assert result.array.to_pylist() == expected
         assert result.special == {3: "NaN"}
 
@@ -315,8 +312,8 @@ def test_decimal_numeric_with_nan_special() -> None:
 def test_wide_decimal_numeric() -> None:
     texts = ["12345678901234567890.0123456789", "-0.0000000001", "0.0000000000"]
     expected = [Decimal(t) for t in texts]
-    assert values_of(types.NUMERIC, [t.encode() for t in texts], False, modifier=typmod(30, 10)) == expected
-    assert values_of(types.NUMERIC, [numeric_send(t) for t in texts], True, modifier=typmod(30, 10)) == expected
+    assert values_of(types.NUMERIC, [t.encode() for t in texts], False, modifier=numeric_modifier(30, 10)) == expected
+    assert values_of(types.NUMERIC, [numeric_send(t) for t in texts], True, modifier=numeric_modifier(30, 10)) == expected
 
 
 @pytest.mark.parametrize(
@@ -349,10 +346,10 @@ def test_unconstrained_numeric_is_exact_text(text: str) -> None:
 def test_malformed_numeric() -> None:
     assert_decode_error(types.NUMERIC, [b"1.5", b"abc"], False, 1, "numeric")
     assert_decode_error(types.NUMERIC, [b"Nope"], False, 0, "numeric")
-    assert_decode_error(types.NUMERIC, [b"Nope"], False, 0, modifier=typmod(10, 2))
-    assert_decode_error(types.NUMERIC, [b"123456789.00"], False, 0, "numeric(10,2)", modifier=typmod(10, 2))
-    assert_decode_error(types.NUMERIC, [numeric_send("123456789.00")], True, 0, "numeric(10,2)", modifier=typmod(10, 2))
-    assert_decode_error(types.NUMERIC, [numeric_send("1.234")], True, 0, "numeric(10,2)", modifier=typmod(10, 2))
+    assert_decode_error(types.NUMERIC, [b"Nope"], False, 0, modifier=numeric_modifier(10, 2))
+    assert_decode_error(types.NUMERIC, [b"123456789.00"], False, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2))
+    assert_decode_error(types.NUMERIC, [numeric_send("123456789.00")], True, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2))
+    assert_decode_error(types.NUMERIC, [numeric_send("1.234")], True, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2))
     assert_decode_error(types.NUMERIC, [numeric_send("1"), b"\x00\x01\x00"], True, 1, "header")
     assert_decode_error(types.NUMERIC, [numeric_send("1")[:-1]], True, 0, "digit count")
     assert_decode_error(types.NUMERIC, [be("hhHhH", 1, 0, 0x1234, 0, 1)], True, 0, "sign")
@@ -672,14 +669,14 @@ def test_array_values_of_another_shape_are_special() -> None:
 
 
 def test_array_with_a_special_element_is_special() -> None:
-    result = convert(1231, [b"{1.00,NaN}", b"{2.50,NULL}"], False, modifier=typmod(10, 2))
+    result = convert(1231, [b"{1.00,NaN}", b"{2.50,NULL}"], False, modifier=numeric_modifier(10, 2))
     assert result.array.to_pylist() == [None, [Decimal("2.50"), None]]
     assert result.special == {0: "{1.00,NaN}"}
     sent = [
         array_send(1700, [2], [numeric_send("1.00"), numeric_send("NaN")]),
         array_send(1700, [2], [numeric_send("2.50"), None]),
     ]
-    binary = convert(1231, sent, True, modifier=typmod(10, 2))
+    binary = convert(1231, sent, True, modifier=numeric_modifier(10, 2))
     assert binary.array.equals(result.array) and binary.special == result.special
 
 

@@ -43,6 +43,11 @@ LSN_STEP = 0x1000  # between transactions
 END_OFFSET = 0x28  # commit end LSN − commit LSN
 
 
+def numeric_modifier(precision: int, scale: int) -> int:
+    """The type modifier of ``numeric(precision, scale)`` (scale an 11-bit field, as PostgreSQL 15+ packs it)."""
+    return ((precision << 16) | (scale & 0x7FF)) + 4
+
+
 def relation(
     name: str, *columns: tuple[Any, ...], identity: str = "d", oid: int = 16400, namespace: str = "public"
 ) -> RelationSchema:

@@ -48,8 +48,15 @@ def pgbench(cluster: ThrowawayCluster, *args: str) -> float:
     """Run pgbench against the cluster (as ``postgres`` when we are root); return its wall time."""
     assert cluster.bin_dir is not None
     command = [
-        str(cluster.bin_dir / "pgbench"), *args,
-        "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "postgres",
+        str(cluster.bin_dir / "pgbench"),
+        *args,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(cluster.port),
+        "-U",
+        "postgres",
+        "postgres",
     ]
     if os.geteuid() == 0:
         command = ["runuser", "-u", "postgres", "--", *command]
@@ -151,7 +158,11 @@ def code_version() -> dict[str, Any]:
         return done.stdout
 
     dirty = [line[3:] for line in git("status", "--porcelain", "--", "cdc_assets").splitlines() if line.strip()]
-    return {"commit": git("rev-parse", "--short", "HEAD").strip(), "uncommitted": dirty, "sha256": digest.hexdigest()[:16]}
+    return {
+        "commit": git("rev-parse", "--short", "HEAD").strip(),
+        "uncommitted": dirty,
+        "sha256": digest.hexdigest()[:16],
+    }
 
 
 def describe_code(start: dict[str, Any], end: dict[str, Any] | None = None) -> str:
@@ -201,7 +212,9 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in cells[1:]:
-        lines.append("| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |")
+        lines.append(
+            "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) + " |"
+        )
     return "\n".join(lines)
 
 

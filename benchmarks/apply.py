@@ -166,7 +166,9 @@ def change_set(n: int, m: int, rng: np.random.Generator, tx_size: int, recent: f
     updates, deletes = int(n * 0.8), int(n * 0.1)
     inserts = n - updates - deletes
     window = min(m, max(int(m * recent), updates + deletes))
-    existing = rng.choice(window, size=updates + deletes, replace=False).astype(np.int64) + (m - window) + 1  # base keys are 1..m
+    existing = (
+        rng.choice(window, size=updates + deletes, replace=False).astype(np.int64) + (m - window) + 1
+    )  # base keys are 1..m
     keys = np.concatenate([existing, np.arange(m + 1, m + 1 + inserts, dtype=np.int64)])
     ops = np.array(["update"] * updates + ["delete"] * deletes + ["insert"] * inserts, dtype=object)
     order = rng.permutation(n)
@@ -212,7 +214,9 @@ def build_base(spark: Any, path: Path, m: int, rows_per_file: int) -> dict[str, 
         F.lit(BASE_LSN).cast("bigint").alias("_cdc_lsn"),
         F.lit("2026-01-01 00:00:00").cast("timestamp").alias("_cdc_commit_time"),
     )
-    rows.select([F.col(f.name).cast(f.dataType) for f in schema.fields]).write.format("delta").mode("append").save(str(path))
+    rows.select([F.col(f.name).cast(f.dataType) for f in schema.fields]).write.format("delta").mode("append").save(
+        str(path)
+    )
     seconds = time.perf_counter() - started
     files = data_files(path)
     return {
@@ -232,7 +236,11 @@ def last_operation(spark: Any, path: str) -> dict[str, Any]:
     from delta.tables import DeltaTable
 
     row = DeltaTable.forPath(spark, path).history(1).collect()[0]
-    return {"version": int(row["version"]), "operation": row["operation"], "metrics": dict(row["operationMetrics"] or {})}
+    return {
+        "version": int(row["version"]),
+        "operation": row["operation"],
+        "metrics": dict(row["operationMetrics"] or {}),
+    }
 
 
 def run_one(spark: Any, kind: str, base: Path, trial: Path, changes: dict[str, Any], m: int, n: int) -> dict[str, Any]:
@@ -288,7 +296,9 @@ def run_one(spark: Any, kind: str, base: Path, trial: Path, changes: dict[str, A
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", default="10000,100000,1000000", help="changes per apply, comma-separated (10k, 1M allowed)")
+    parser.add_argument(
+        "--n", default="10000,100000,1000000", help="changes per apply, comma-separated (10k, 1M allowed)"
+    )
     parser.add_argument("--m", default="1000000,10000000", help="rows of the base table, comma-separated")
     parser.add_argument("--sizes", help="explicit NxM pairs instead of the --n x --m grid, e.g. 100kx1M,10kx10M")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each pair with N < 1M and M < 10M")
@@ -296,14 +306,19 @@ def main() -> int:
     parser.add_argument("--tx-size", type=int, default=100, help="changes per source transaction")
     parser.add_argument("--rows-per-file", type=int, default=500_000, help="rows per Parquet file of the base tables")
     parser.add_argument(
-        "--recent", type=float, default=1.0,
+        "--recent",
+        type=float,
+        default=1.0,
         help="draw the updated and deleted keys from this newest share of the table (1.0: uniform over all of it;"
         " 0.1: the newest tenth, as changes of a serial key cluster)",
     )
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--driver-memory", default="8g")
     parser.add_argument(
-        "--conf", action="append", default=[], metavar="KEY=VALUE",
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="extra Spark setting on top of the project's session settings (repeatable), e.g. to try a Delta knob",
     )
     parser.add_argument("--seed", type=int, default=20261122)
@@ -354,7 +369,10 @@ def main() -> int:
     results["spark"]["pyspark"] = pyspark.__version__
     results["spark"]["delta_jars"] = spark.conf.get("spark.jars.packages", "on the classpath")
     results["spark"]["delta_python"] = getattr(delta, "__version__", "?")
-    print(f"Spark {pyspark.__version__} {args.master}, driver memory {args.driver_memory}, Delta jars {results['spark']['delta_jars']}", flush=True)
+    print(
+        f"Spark {pyspark.__version__} {args.master}, driver memory {args.driver_memory}, Delta jars {results['spark']['delta_jars']}",
+        flush=True,
+    )
     trial_no = 0
     try:
         for m in ms:
@@ -365,7 +383,12 @@ def main() -> int:
                     info = build_base(spark, base, m, args.rows_per_file)
                 else:
                     files = data_files(base)
-                    info = {"rows": m, "seconds": None, "files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+                    info = {
+                        "rows": m,
+                        "seconds": None,
+                        "files": len(files),
+                        "bytes": sum(f.stat().st_size for f in files),
+                    }
                 results["bases"][str(m)] = info
                 seconds = f"{info['seconds']:.1f} s" if info["seconds"] is not None else "reused"
                 print(
@@ -381,7 +404,9 @@ def main() -> int:
                 print("[warm-up] 10k changes, append and merge (untimed) ...", flush=True)
                 changes = change_set(10_000, m, rng, args.tx_size, args.recent)
                 results["warmup"] = [
-                    run_one(spark, kind, base, workdir / f"trial-{(trial_no := trial_no + 1)}", changes, m, 10_000)["total_s"]
+                    run_one(spark, kind, base, workdir / f"trial-{(trial_no := trial_no + 1)}", changes, m, 10_000)[
+                        "total_s"
+                    ]
                     for kind in ("append", "merge")
                 ]
             for n, pair_m in pairs:
@@ -391,7 +416,10 @@ def main() -> int:
                 repeat = args.repeat_large if large else args.repeat
                 made = time.perf_counter()
                 changes = change_set(n, m, rng, args.tx_size, args.recent)
-                print(f"[N={fmt_count(n)} M={fmt_count(m)}] change set built in {time.perf_counter() - made:.1f} s", flush=True)
+                print(
+                    f"[N={fmt_count(n)} M={fmt_count(m)}] change set built in {time.perf_counter() - made:.1f} s",
+                    flush=True,
+                )
                 for r in range(repeat):
                     for kind in ("append", "merge") if r % 2 == 0 else ("merge", "append"):
                         trial_no += 1
@@ -453,8 +481,12 @@ def main() -> int:
         paired = [
             mm / aa
             for r in sorted({r["round"] for r in results["runs"] if r["n"] == n and r["m"] == m})
-            for mm in [x["total_s"] for x in results["runs"] if (x["n"], x["m"], x["kind"], x["round"]) == (n, m, "merge", r)]
-            for aa in [x["total_s"] for x in results["runs"] if (x["n"], x["m"], x["kind"], x["round"]) == (n, m, "append", r)]
+            for mm in [
+                x["total_s"] for x in results["runs"] if (x["n"], x["m"], x["kind"], x["round"]) == (n, m, "merge", r)
+            ]
+            for aa in [
+                x["total_s"] for x in results["runs"] if (x["n"], x["m"], x["kind"], x["round"]) == (n, m, "append", r)
+            ]
         ]
         entry["ratio_per_round"] = paired
         entry["ratio_paired_median"] = statistics.median(paired) if paired else None
@@ -474,13 +506,30 @@ def main() -> int:
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if len(per_round) > 1 else "-"
         rows.append(
             [
-                fmt_count(e["n"]), fmt_count(e["m"]), e["rounds"], f"{e['append_s']:.2f}", f"{e['merge_s']:.2f}",
-                f"{e['merge_plan_s']:.2f}", f"{e['ratio']:.2f}", spread, f"{e['merge_changes_per_s']:,.0f}",
+                fmt_count(e["n"]),
+                fmt_count(e["m"]),
+                e["rounds"],
+                f"{e['append_s']:.2f}",
+                f"{e['merge_s']:.2f}",
+                f"{e['merge_plan_s']:.2f}",
+                f"{e['ratio']:.2f}",
+                spread,
+                f"{e['merge_changes_per_s']:,.0f}",
             ]
         )
     print(
         common.table(
-            ["N", "M", "rounds", "append s", "merge s", "(of which plan s)", "merge/append", "per round", "merge changes/s"],
+            [
+                "N",
+                "M",
+                "rounds",
+                "append s",
+                "merge s",
+                "(of which plan s)",
+                "merge/append",
+                "per round",
+                "merge changes/s",
+            ],
             rows,
         )
     )
@@ -493,8 +542,12 @@ def main() -> int:
             a, b = done[(n, small)], done[(n, big)]
             growth.append(
                 {
-                    "n": n, "m_from": small, "m_to": big, "m_factor": big / small,
-                    "merge_factor": b["merge_s"] / a["merge_s"], "append_factor": b["append_s"] / a["append_s"],
+                    "n": n,
+                    "m_from": small,
+                    "m_to": big,
+                    "m_factor": big / small,
+                    "merge_factor": b["merge_s"] / a["merge_s"],
+                    "append_factor": b["append_s"] / a["append_s"],
                 }
             )
     results["growth"] = growth
@@ -504,8 +557,13 @@ def main() -> int:
             common.table(
                 ["N", "M", "M x", "merge time x", "append time x"],
                 [
-                    [fmt_count(g["n"]), f"{fmt_count(g['m_from'])} -> {fmt_count(g['m_to'])}", f"{g['m_factor']:.0f}",
-                     f"{g['merge_factor']:.2f}", f"{g['append_factor']:.2f}"]
+                    [
+                        fmt_count(g["n"]),
+                        f"{fmt_count(g['m_from'])} -> {fmt_count(g['m_to'])}",
+                        f"{g['m_factor']:.0f}",
+                        f"{g['merge_factor']:.2f}",
+                        f"{g['append_factor']:.2f}",
+                    ]
                     for g in growth
                 ],
             )
@@ -514,7 +572,13 @@ def main() -> int:
     key = done.get((100_000, 1_000_000))
     if key is not None:
         verdict = key["ratio"] <= 3.0
-        results["acceptance"] = {"n": 100_000, "m": 1_000_000, "ratio": key["ratio"], "required": "<= 3.0", "pass": verdict}
+        results["acceptance"] = {
+            "n": 100_000,
+            "m": 1_000_000,
+            "ratio": key["ratio"],
+            "required": "<= 3.0",
+            "pass": verdict,
+        }
         print(
             f"\nacceptance: 100k changes into 1M rows: merge {key['merge_s']:.2f} s / append {key['append_s']:.2f} s"
             f" = {key['ratio']:.2f} (ratio of medians), required <= 3.0: {'PASS' if verdict else 'FAIL'}"

@@ -185,7 +185,9 @@ def profile(label: str, function: Any, *args: Any) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg", type=int, default=16, choices=(15, 16, 18), help="PostgreSQL major version")
-    parser.add_argument("--transactions", type=int, default=90_000, help="pgbench transactions in total (6 messages each)")
+    parser.add_argument(
+        "--transactions", type=int, default=90_000, help="pgbench transactions in total (6 messages each)"
+    )
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--scale", type=int, default=1, help="pgbench -i scale")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions of each measurement (>= 3)")
@@ -232,8 +234,12 @@ def main() -> int:
         server = common.Series("(a0. server-side decode only: count(*) over the peek)", len(datas), nbytes)
         decode = common.Series("b. cdc_assets PgoutputDecoder.decode", len(datas), nbytes)
         arrow = common.Series("c. cdc_assets feed_blocks -> typed Arrow (null sink)", len(datas), nbytes)
-        pypg = common.Series(f"d. pypgoutput {getattr(pypgoutput, '__version__', '0.0.3')} classes", len(known), known_bytes)
-        decode_known = None if same_set else common.Series("b'. PgoutputDecoder on d's messages", len(known), known_bytes)
+        pypg = common.Series(
+            f"d. pypgoutput {getattr(pypgoutput, '__version__', '0.0.3')} classes", len(known), known_bytes
+        )
+        decode_known = (
+            None if same_set else common.Series("b'. PgoutputDecoder on d's messages", len(known), known_bytes)
+        )
 
         sink_rows = sink_committed = None
         for round_ in range(args.repeat):
@@ -268,8 +274,13 @@ def main() -> int:
         series = [fetch, server, decode, arrow, pypg] + ([decode_known] if decode_known else [])
         rows = [
             [
-                s.name, f"{s.items:,}", f"{s.best:.3f}", f"{s.median:.3f}",
-                f"{s.rate('best'):,.0f}", f"{s.rate('median'):,.0f}", f"{s.mb_rate('median'):.1f}",
+                s.name,
+                f"{s.items:,}",
+                f"{s.best:.3f}",
+                f"{s.median:.3f}",
+                f"{s.rate('best'):,.0f}",
+                f"{s.rate('median'):,.0f}",
+                f"{s.mb_rate('median'):.1f}",
             ]
             for s in series
         ]
@@ -279,7 +290,11 @@ def main() -> int:
             f"PostgreSQL {info['server_version']}, proto_version {max_proto_version(cluster.version)}, {mode} mode,"
             f" {len(datas):,} messages ({changes:,} changes), {nbytes / common.MiB:.1f} MiB, {args.repeat} rounds"
         )
-        print(common.table(["measurement", "messages", "best s", "median s", "msg/s best", "msg/s median", "MiB/s median"], rows))
+        print(
+            common.table(
+                ["measurement", "messages", "best s", "median s", "msg/s best", "msg/s median", "MiB/s median"], rows
+            )
+        )
         base_b = decode if same_set else decode_known
         assert base_b is not None
         ratio_bd = base_b.rate() / pypg.rate()

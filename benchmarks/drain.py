@@ -56,7 +56,12 @@ from cdc_assets.source.reader import FETCH_ROWS, PEEK_QUERY, SlotReader, pgoutpu
 
 NO_LIMIT = 2**31 - 1
 PUBLICATION = "bench_pub"
-PGBENCH_TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
+PGBENCH_TABLES = [
+    "public.pgbench_accounts",
+    "public.pgbench_branches",
+    "public.pgbench_tellers",
+    "public.pgbench_history",
+]
 GiB = 1 << 30
 
 BIG_TABLE = """
@@ -103,9 +108,10 @@ def folder_bytes(path: Path) -> int:
 
 def fetch_once(config: Config, major: int) -> float:
     """The drain's peek over the whole slot range (its child process), nothing done per row."""
-    with psycopg.connect(config.source.dsn, autocommit=True) as conn, SlotReader(
-        conn, config.source, major, two_phase=False
-    ) as reader:
+    with (
+        psycopg.connect(config.source.dsn, autocommit=True) as conn,
+        SlotReader(conn, config.source, major, two_phase=False) as reader,
+    ):
         with reader.peek(1) as blocks:  # the child started and connected: not timed
             collections.deque(blocks, maxlen=0)
         gc.collect()
@@ -123,7 +129,9 @@ def plain_fetch_once(config: Config, major: int) -> float:
         started = time.perf_counter()
         with conn.transaction():
             apply_pinned_settings(conn)
-            rows = conn.cursor(binary=True).stream(PEEK_QUERY, (config.source.slot, None, NO_LIMIT, options), size=FETCH_ROWS)
+            rows = conn.cursor(binary=True).stream(
+                PEEK_QUERY, (config.source.slot, None, NO_LIMIT, options), size=FETCH_ROWS
+            )
             collections.deque(rows, maxlen=0)
         return time.perf_counter() - started
 
@@ -143,9 +151,10 @@ def server_decode_once(config: Config) -> float:
 def count_range(config: Config, major: int) -> tuple[int, int, int]:
     """Messages, changes and payload bytes in the slot (one untimed pass)."""
     messages = changes = nbytes = 0
-    with psycopg.connect(config.source.dsn, autocommit=True) as conn, SlotReader(
-        conn, config.source, major, two_phase=False
-    ) as reader:
+    with (
+        psycopg.connect(config.source.dsn, autocommit=True) as conn,
+        SlotReader(conn, config.source, major, two_phase=False) as reader,
+    ):
         with reader.peek(NO_LIMIT) as blocks:
             for data in (data for block in blocks for data in block.messages()):
                 messages += 1
@@ -289,7 +298,9 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             conn.execute("CHECKPOINT")
         major = cluster.version
         messages, changes, nbytes = count_range(configs[0], major)
-        print(f"[rate] slot range: {messages:,} messages, {changes:,} changes, {nbytes / common.MiB:.1f} MiB", flush=True)
+        print(
+            f"[rate] slot range: {messages:,} messages, {changes:,} changes, {nbytes / common.MiB:.1f} MiB", flush=True
+        )
         if changes < 1_000_000:
             print(f"WARNING: fewer than 1,000,000 changes ({changes:,}); raise --transactions", flush=True)
 
@@ -351,7 +362,10 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             )
             for key, seconds in sorted(b["seconds"].items(), key=lambda kv: -kv[1]):
                 print(f"    {seconds:6.2f} s {100 * seconds / b['drain_s']:5.1f}%  {PHASES[key]}")
-            print(f"    (the whole range decoded once on the server, count(*): {b['server_decode_once_s']:.2f} s)", flush=True)
+            print(
+                f"    (the whole range decoded once on the server, count(*): {b['server_decode_once_s']:.2f} s)",
+                flush=True,
+            )
 
         profiles = []
         ratio_median = statistics.median(r["ratio"] for r in rounds)
@@ -517,7 +531,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg", type=int, default=16, choices=(15, 16, 18))
     parser.add_argument("--part", choices=("all", "rate", "rss"), default="all")
-    parser.add_argument("--transactions", type=int, default=260_000, help="pgbench transactions in total (4 changes each)")
+    parser.add_argument(
+        "--transactions", type=int, default=260_000, help="pgbench transactions in total (4 changes each)"
+    )
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--scale", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3, help="slots drained (each with its own fetch measurements)")
@@ -525,10 +541,14 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of the one big transaction")
     parser.add_argument("--rss-repeat", type=int, default=2, help="slots drained per streaming mode")
     parser.add_argument(
-        "--batch-changes", type=int, default=None,
+        "--batch-changes",
+        type=int,
+        default=None,
         help="source.batch_changes of the timed drains and the first phase breakdown (default: the library's default)",
     )
-    parser.add_argument("--big-batch", type=int, default=10_000_000, help="batch_changes of the informative extra drain")
+    parser.add_argument(
+        "--big-batch", type=int, default=10_000_000, help="batch_changes of the informative extra drain"
+    )
     parser.add_argument("--profile", action="store_true", help="profile one extra drain even if the rate passes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--json", help="write the results to this file")
@@ -562,12 +582,30 @@ def main() -> int:
         )
         rows = [
             [
-                r["slot"], f"{r['fetch_median_s']:.2f}", f"{r['fetch_changes_per_s']:,.0f}", f"{r['drain_seconds']:.2f}",
-                r["drain_batches"], f"{r['drain_changes_per_s']:,.0f}", f"{r['ratio']:.2f}",
+                r["slot"],
+                f"{r['fetch_median_s']:.2f}",
+                f"{r['fetch_changes_per_s']:,.0f}",
+                f"{r['drain_seconds']:.2f}",
+                r["drain_batches"],
+                f"{r['drain_changes_per_s']:,.0f}",
+                f"{r['ratio']:.2f}",
             ]
             for r in rate["rounds"]
         ]
-        print(common.table(["slot", "fetch s (median of 3)", "fetch changes/s", "drain s", "batches", "drain changes/s", "drain/fetch"], rows))
+        print(
+            common.table(
+                [
+                    "slot",
+                    "fetch s (median of 3)",
+                    "fetch changes/s",
+                    "drain s",
+                    "batches",
+                    "drain changes/s",
+                    "drain/fetch",
+                ],
+                rows,
+            )
+        )
         print(
             f"drain/fetch = {rate['ratio_median']:.2f} (median of rounds; best {rate['ratio_best']:.2f}), required >= 0.5:"
             f" {'PASS' if rate['pass'] else 'FAIL'}"
@@ -587,20 +625,43 @@ def main() -> int:
                     ],
                 )
             )
-            print(f"ratio if client processing (feed_blocks work + finish_call) cost nothing: {b['bound_free_processing']:.2f}")
+            print(
+                f"ratio if client processing (feed_blocks work + finish_call) cost nothing: {b['bound_free_processing']:.2f}"
+            )
         ok &= rate["pass"]
     if "rss" in results:
         rss = results["rss"]
         print(f"\nPeak RSS, one transaction of {rss['rows']:,} rows, PostgreSQL {rss['server_version']}")
         rows = [
             [
-                r["streaming"], f"{r['peak_rss'] / common.MiB:,.0f}", f"{r['ru_maxrss'] / common.MiB:,.0f}",
-                f"{r['sampled_peak_rss'] / common.MiB:,.0f}", f"{r['baseline_rss'] / common.MiB:,.0f}",
-                f"{r['seconds']:.1f}", f"{r['changes_per_s']:,.0f}", r["batches"], "PASS" if r["pass"] else "FAIL",
+                r["streaming"],
+                f"{r['peak_rss'] / common.MiB:,.0f}",
+                f"{r['ru_maxrss'] / common.MiB:,.0f}",
+                f"{r['sampled_peak_rss'] / common.MiB:,.0f}",
+                f"{r['baseline_rss'] / common.MiB:,.0f}",
+                f"{r['seconds']:.1f}",
+                f"{r['changes_per_s']:,.0f}",
+                r["batches"],
+                "PASS" if r["pass"] else "FAIL",
             ]
             for r in rss["runs"]
         ]
-        print(common.table(["streaming", "peak RSS MiB", "ru_maxrss MiB", "sampled MiB", "after imports MiB", "drain s", "changes/s", "batches", "< 1 GiB"], rows))
+        print(
+            common.table(
+                [
+                    "streaming",
+                    "peak RSS MiB",
+                    "ru_maxrss MiB",
+                    "sampled MiB",
+                    "after imports MiB",
+                    "drain s",
+                    "changes/s",
+                    "batches",
+                    "< 1 GiB",
+                ],
+                rows,
+            )
+        )
         ok &= rss["pass"]
     print(f"\nbefore: {common.describe_load(load_before)}\nafter:  {common.describe_load(load_after)}")
     print(common.describe_code(code_start, code_end))

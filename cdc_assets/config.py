@@ -247,7 +247,9 @@ class _Reader:
     def slot_name(self, key: str, default: str) -> str:
         value = self.text(key, default)
         if not re.fullmatch(r"[a-z0-9_]{1,63}", value):
-            raise self.fail(key, f"a replication slot name is 1-63 lower-case letters, digits or underscores, got {value!r}")
+            raise self.fail(
+                key, f"a replication slot name is 1-63 lower-case letters, digits or underscores, got {value!r}"
+            )
         return value
 
     def flag(self, key: str, default: bool) -> bool:

@@ -99,7 +99,11 @@ def drain(
     store = LogStore(config.changelog_path)
     started = time.monotonic()
     PEEK_CHILDREN.prestart()
-    with DrainLock(source, wait), connect(source, purpose="drain") as conn, connect(source, purpose="catalog") as catalog_conn:
+    with (
+        DrainLock(source, wait),
+        connect(source, purpose="drain") as conn,
+        connect(source, purpose="catalog") as catalog_conn,
+    ):
         checkpoint = read_checkpoint(store)
         if checkpoint is None:
             raise NotSetUpError(
@@ -122,7 +126,9 @@ def drain(
             assembler = TransactionAssembler(
                 streaming=source.streaming,
                 catalog=catalog,
-                describe=_describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}),
+                describe=_describer(
+                    catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}
+                ),
                 slot=source.slot,
                 spill_dir=spill_dir,
             )
@@ -157,7 +163,11 @@ def drain(
                 if progress is not None:
                     progress(
                         DrainProgress(
-                            result.batches, result.transactions, result.total_changes, checkpoint.lsn, target,
+                            result.batches,
+                            result.transactions,
+                            result.total_changes,
+                            checkpoint.lsn,
+                            target,
                             time.monotonic() - started,
                         )
                     )
@@ -204,7 +214,10 @@ def _describer(
 
     def describe(message: RelationMessage) -> RelationSchema:
         key = (
-            message.relation_oid, message.namespace, message.relation_name, message.replica_identity,
+            message.relation_oid,
+            message.namespace,
+            message.relation_name,
+            message.replica_identity,
             tuple((c.flags, c.name, c.type_oid, c.type_modifier) for c in message.columns),
         )
         schema = cache.get(key)

@@ -68,7 +68,11 @@ class DecodeError(CdcError):
     def within(self, context: str) -> DecodeError:
         """The same error with ``context`` (e.g. the table and column) before the reason."""
         return DecodeError(
-            f"{context}: {self.reason}", message_type=self.message_type, offset=self.offset, lsn=self.lsn, slot=self.slot
+            f"{context}: {self.reason}",
+            message_type=self.message_type,
+            offset=self.offset,
+            lsn=self.lsn,
+            slot=self.slot,
         )
 
 

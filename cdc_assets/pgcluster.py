@@ -66,10 +66,14 @@ def find_bin_dir(major: int | None = None) -> Path:
     ``major=None`` picks the newest Debian server, else the wheel's PostgreSQL 16.
     """
     candidates: list[Path] = []
-    debian = sorted(
-        (int(p.parent.name) for p in Path("/usr/lib/postgresql").glob("*/bin") if p.parent.name.isdigit()),
-        reverse=True,
-    ) if Path("/usr/lib/postgresql").is_dir() else []
+    debian = (
+        sorted(
+            (int(p.parent.name) for p in Path("/usr/lib/postgresql").glob("*/bin") if p.parent.name.isdigit()),
+            reverse=True,
+        )
+        if Path("/usr/lib/postgresql").is_dir()
+        else []
+    )
     for found in debian:
         if major in (None, found):
             candidates.append(Path(_DEBIAN_BIN.format(major=found)))
@@ -213,18 +217,31 @@ class ThrowawayCluster:
                 os.chown(path, entry.pw_uid, entry.pw_gid)
         if not existing:
             self._run(
-                "initdb", "-D", str(self.data_dir), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-                "--locale=C", "--no-sync",
+                "initdb",
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
             )
         self.version = int((self.data_dir / "PG_VERSION").read_text().strip())
         self.port = _free_port()
-        conf = {"port": str(self.port)} if existing else {
-            **DEFAULT_SETTINGS,
-            "port": str(self.port),
-            "listen_addresses": "'127.0.0.1'",
-            "unix_socket_directories": f"'{self.socket_dir}'",
-            **self.settings,
-        }
+        conf = (
+            {"port": str(self.port)}
+            if existing
+            else {
+                **DEFAULT_SETTINGS,
+                "port": str(self.port),
+                "listen_addresses": "'127.0.0.1'",
+                "unix_socket_directories": f"'{self.socket_dir}'",
+                **self.settings,
+            }
+        )
         with open(self.data_dir / "postgresql.auto.conf", "a", encoding="utf-8") as auto:
             for key, value in conf.items():  # later lines win: a restart just appends its new port
                 auto.write(f"{key} = {value}\n")

@@ -96,7 +96,9 @@ def setup(config: Config, *, progress: Callable[[str, int], None] | None = None)
         with create_slot_with_snapshot(source) as exported:
             result.created_slot = True
             result.snapshot_lsn = exported.consistent_point
-            checkpoint = _copy_snapshot(config, store, exported.snapshot_name, exported.consistent_point, result, progress)
+            checkpoint = _copy_snapshot(
+                config, store, exported.snapshot_name, exported.consistent_point, result, progress
+            )
         write_checkpoint(store, checkpoint)
         store.delete(SETUP_MARKER)
     result.elapsed_s = time.monotonic() - started

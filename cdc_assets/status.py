@@ -25,7 +25,9 @@ class TableStatus:
     @property
     def behind(self) -> bool:
         """The change log holds changes the Delta table does not have yet."""
-        return self.last_change_lsn is not None and (self.applied_lsn is None or self.applied_lsn < self.last_change_lsn)
+        return self.last_change_lsn is not None and (
+            self.applied_lsn is None or self.applied_lsn < self.last_change_lsn
+        )
 
 
 @dataclass(slots=True)
@@ -114,7 +116,9 @@ def read_status(config: Config) -> Status:
         path = config.target_path(table)
         applied = applied_lsn(path, app_id(config.source.slot, name), config.warehouse_storage_options)
         status.tables.append(
-            TableStatus(name, state.last_change_lsn if state else None, state.schema_version if state else None, applied, path)
+            TableStatus(
+                name, state.last_change_lsn if state else None, state.schema_version if state else None, applied, path
+            )
         )
     return status
 

@@ -540,8 +540,12 @@ class TransactionAssembler:
         commit_lsns, end_lsns = view.u64[commit_at + 2], view.u64[commit_at + 10]
         live = end_lsns > self.checkpoint_lsn
         counts = seqs[commits] - begin_seqs[txn]
-        self._commits.commit_many(tags[txn][live], commit_lsns[live], end_lsns[live], xids[txn][live], times[live] + POSTGRES_EPOCH_US)
-        self.sink.transactions(commit_lsns[live], end_lsns[live], xids[txn][live], times[live] + POSTGRES_EPOCH_US, counts[live])
+        self._commits.commit_many(
+            tags[txn][live], commit_lsns[live], end_lsns[live], xids[txn][live], times[live] + POSTGRES_EPOCH_US
+        )
+        self.sink.transactions(
+            commit_lsns[live], end_lsns[live], xids[txn][live], times[live] + POSTGRES_EPOCH_US, counts[live]
+        )
         self.completed += len(commits)
         if len(commits):
             self.last_end_lsn = max(self.last_end_lsn, int(end_lsns.max()))
@@ -640,7 +644,9 @@ class TransactionAssembler:
                             message_type="Stream Start",
                             offset=5,
                         )
-                    own = self._streams[message.xid] = _OwnTransaction(message.xid, self._new_buffers(xid_prefixed=True))
+                    own = self._streams[message.xid] = _OwnTransaction(
+                        message.xid, self._new_buffers(xid_prefixed=True)
+                    )
                 self._stream = own
             case StreamStopMessage():
                 self._stream = None
@@ -664,7 +670,9 @@ class TransactionAssembler:
             case StreamPrepareMessage():
                 self._prepared(self._pop_stream(message.xid, "Stream Prepare"), message)
             case CommitPreparedMessage():
-                info = CommitInfo(message.xid, message.commit_lsn, message.end_lsn, message.commit_time_us, gid=message.gid)
+                info = CommitInfo(
+                    message.xid, message.commit_lsn, message.end_lsn, message.commit_time_us, gid=message.gid
+                )
                 self._finish(info)
                 if info.end_lsn > self.checkpoint_lsn:
                     self._write_shared()
@@ -749,14 +757,19 @@ class TransactionAssembler:
             return
         own.buffers.convert_all()
         chunks = [
-            (schema, records)
-            for queue in own.buffers.converted.values()
-            for schema, records, _ in queue.pop_all()
+            (schema, records) for queue in own.buffers.converted.values() for schema, records, _ in queue.pop_all()
         ]
         self.sink.prepared(
             PreparedTransaction(
-                message.gid, message.xid, message.prepare_lsn, message.end_lsn, message.prepare_time_us,
-                own.origin, own.origin_lsn, chunks, own.messages,
+                message.gid,
+                message.xid,
+                message.prepare_lsn,
+                message.end_lsn,
+                message.prepare_time_us,
+                own.origin,
+                own.origin_lsn,
+                chunks,
+                own.messages,
             )
         )
 
@@ -832,7 +845,9 @@ class TransactionAssembler:
     def _pop_stream(self, xid: int, what: str) -> _OwnTransaction:
         own = self._streams.pop(xid, None)
         if own is None:
-            raise DecodeError(f"{what} for transaction {xid}, which was not streamed in this call", message_type=what, offset=1)
+            raise DecodeError(
+                f"{what} for transaction {xid}, which was not streamed in this call", message_type=what, offset=1
+            )
         return own
 
 

@@ -6,7 +6,6 @@ Pools keep one drain per slot and one writer per Delta table at a time (set the 
 ``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
 """
 
-
 from datetime import datetime
 
 import dagster as dg
@@ -123,7 +122,9 @@ def table_metadata(result: TableApplied, rows: int | None) -> dict[str, dg.Metad
         "updated": dg.MetadataValue.int(result.updated),
         "deleted": dg.MetadataValue.int(result.deleted),
         "change_records": dg.MetadataValue.int(result.records),
-        "applied_lsn": dg.MetadataValue.text(format_lsn(result.applied_lsn) if result.applied_lsn is not None else "none"),
+        "applied_lsn": dg.MetadataValue.text(
+            format_lsn(result.applied_lsn) if result.applied_lsn is not None else "none"
+        ),
         "delta_version": dg.MetadataValue.int(result.delta_version if result.delta_version is not None else -1),
         "dagster/uri": dg.MetadataValue.path(result.path),
     }
@@ -188,9 +189,14 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
             raise CdcError(f"the change log at {config.changelog_path} holds nothing for {name}")
         day = context.partition_time_window.start.date()
         rows = history_rows(reader, name, state.relation, day)
-        written = write_history(spark.session(), history_path(config, table), rows, day, config.warehouse_table_properties)
+        written = write_history(
+            spark.session(), history_path(config, table), rows, day, config.warehouse_table_properties
+        )
         return dg.MaterializeResult(
-            metadata={"dagster/partition_row_count": dg.MetadataValue.int(written), "day": dg.MetadataValue.text(day.isoformat())}
+            metadata={
+                "dagster/partition_row_count": dg.MetadataValue.int(written),
+                "day": dg.MetadataValue.text(day.isoformat()),
+            }
         )
 
     return history

@@ -7,7 +7,6 @@ Dagster's sensor time limit. Its cursor is the checkpoint it last requested for,
 names it, so each range is requested once.
 """
 
-
 import dagster as dg
 from dagster import SensorEvaluationContext
 

@@ -1,6 +1,5 @@
 """Asset checks on each mirror table: parity with the source, and lag within a bound."""
 
-
 import dagster as dg
 
 from cdc_assets.apply.target import app_id, applied_lsn
@@ -30,7 +29,9 @@ def build_parity_check(settings: Settings, table: TableConfig) -> dg.AssetChecks
         result = check_parity(config, config.table(name), spark.session())
         return dg.AssetCheckResult(
             passed=result.ok,
-            description=None if result.ok else f"{name} differs from its source at LSN {format_lsn(result.snapshot_lsn)}",
+            description=None
+            if result.ok
+            else f"{name} differs from its source at LSN {format_lsn(result.snapshot_lsn)}",
             metadata={
                 "source_rows": dg.MetadataValue.int(result.source.rows),
                 "delta_rows": dg.MetadataValue.int(result.delta.rows),
@@ -54,7 +55,9 @@ def build_lag_check(settings: Settings, table: TableConfig) -> dg.AssetChecksDef
     )
     def lag(source: CdcSource) -> dg.AssetCheckResult:
         config = source.config()
-        applied = applied_lsn(config.target_path(table), app_id(config.source.slot, name), config.warehouse_storage_options)
+        applied = applied_lsn(
+            config.target_path(table), app_id(config.source.slot, name), config.warehouse_storage_options
+        )
         with connect(config.source, purpose="lag-check") as conn:
             (current,) = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8").fetchone()
         behind = int(current) - (applied or 0)

@@ -30,7 +30,9 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             *(build_history_asset(settings, table, start) for table in config.tables),
         ],
         asset_checks=[
-            check for table in config.tables for check in (build_parity_check(settings, table), build_lag_check(settings, table))
+            check
+            for table in config.tables
+            for check in (build_parity_check(settings, table), build_lag_check(settings, table))
         ],
         schedules=[build_drain_schedule(settings, changelog)],
         sensors=[build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables],

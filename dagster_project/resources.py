@@ -1,6 +1,5 @@
 """Dagster resources: the source (DSN from the environment) and the Spark session."""
 
-
 from typing import Any
 
 import dagster as dg

@@ -86,9 +86,7 @@ def _drop_database(db: Database) -> None:
                 (slot,),
             )
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        for (gid,) in conn.execute(
-            "SELECT gid FROM pg_prepared_xacts WHERE database = %s", (db.name,)
-        ).fetchall():
+        for (gid,) in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = %s", (db.name,)).fetchall():
             with psycopg.connect(db.dsn, autocommit=True) as owner:
                 owner.execute(f"ROLLBACK PREPARED '{gid}'")
         conn.execute(f'DROP DATABASE "{db.name}" WITH (FORCE)')

@@ -77,14 +77,24 @@ def test_row_filter_documentation_example(mirror_of) -> None:  # type: ignore[no
             mirror.check(table, where=DOC_FILTER)
 
     # The documentation's inserts: only (6, 106, 'NSW') and (9, 109, 'NSW') are replicated.
-    for a, b, c in [(2, 102, "NSW"), (3, 103, "QLD"), (4, 104, "VIC"), (5, 105, "ACT"), (6, 106, "NSW"), (7, 107, "NT"),
-                    (8, 108, "QLD"), (9, 109, "NSW")]:
+    for a, b, c in [
+        (2, 102, "NSW"),
+        (3, 103, "QLD"),
+        (4, 104, "VIC"),
+        (5, 105, "ACT"),
+        (6, 106, "NSW"),
+        (7, 107, "NT"),
+        (8, 108, "QLD"),
+        (9, 109, "NSW"),
+    ]:
         each(f"INSERT INTO {{t}} VALUES ({a}, {b}, '{c}')")
     applied = mirror.sync()
     assert {t: applied[t].inserted for t in tables} == {t: 2 for t in tables}
     check_all()
     assert sorted((r["a"], r["b"], r["c"]) for r in mirror.check("public.t1", where=DOC_FILTER)) == [
-        (6, 106, "NSW"), (9, 109, "NSW")]
+        (6, 106, "NSW"),
+        (9, 109, "NSW"),
+    ]
 
     # The documentation's updates: both match → UPDATE; only the new row matches → INSERT;
     # only the old row matches → DELETE.
@@ -93,29 +103,40 @@ def test_row_filter_documentation_example(mirror_of) -> None:  # type: ignore[no
     each("UPDATE {t} SET c = 'VIC' WHERE a = 9")
     applied = mirror.sync()
     assert [(applied[t].inserted, applied[t].updated, applied[t].deleted) for t in ("public.t1", "public.t2")] == [
-        (1, 1, 1), (1, 1, 1)]
+        (1, 1, 1),
+        (1, 1, 1),
+    ]
     check_all()
     assert sorted((r["a"], r["b"], r["c"]) for r in mirror.check("public.t1", where=DOC_FILTER)) == [
-        (6, 999, "NSW"), (555, 102, "NSW")]
+        (6, 999, "NSW"),
+        (555, 102, "NSW"),
+    ]
 
     # Every case again, with key changes, several changes per row in one batch and in one
     # transaction, rows moving in and out of the filter, and deletes on both sides of it.
-    each("UPDATE {t} SET b = 0 WHERE a = 3")                      # neither matches: nothing
-    each("UPDATE {t} SET a = 12, c = 'NSW' WHERE a = 4")          # key change, only new matches: INSERT
-    each("UPDATE {t} SET a = 60 WHERE a = 6")                     # key change, both match
-    each("UPDATE {t} SET a = 1 WHERE a = 555")                    # key change, only old matches: DELETE
-    each("UPDATE {t} SET c = 'NSW' WHERE a = 7",                  # in, then out again, in one transaction
-         "UPDATE {t} SET c = 'NT' WHERE a = 7")
-    each("UPDATE {t} SET c = 'NSW' WHERE a = 9")                  # out (VIC) → in
-    each("UPDATE {t} SET b = b + 1 WHERE a = 9")                  # … then updated inside
-    each("UPDATE {t} SET c = 'NSW', b = 5 WHERE a = 5")           # a = 5 does not match a > 5
-    each("DELETE FROM {t} WHERE a = 8")                           # a row that never matched
-    each("INSERT INTO {t} VALUES (70, 1, 'NSW'), (71, 1, 'NSW')",
-         "DELETE FROM {t} WHERE a = 70")                          # a matching row deleted
+    each("UPDATE {t} SET b = 0 WHERE a = 3")  # neither matches: nothing
+    each("UPDATE {t} SET a = 12, c = 'NSW' WHERE a = 4")  # key change, only new matches: INSERT
+    each("UPDATE {t} SET a = 60 WHERE a = 6")  # key change, both match
+    each("UPDATE {t} SET a = 1 WHERE a = 555")  # key change, only old matches: DELETE
+    each(
+        "UPDATE {t} SET c = 'NSW' WHERE a = 7",  # in, then out again, in one transaction
+        "UPDATE {t} SET c = 'NT' WHERE a = 7",
+    )
+    each("UPDATE {t} SET c = 'NSW' WHERE a = 9")  # out (VIC) → in
+    each("UPDATE {t} SET b = b + 1 WHERE a = 9")  # … then updated inside
+    each("UPDATE {t} SET c = 'NSW', b = 5 WHERE a = 5")  # a = 5 does not match a > 5
+    each("DELETE FROM {t} WHERE a = 8")  # a row that never matched
+    each(
+        "INSERT INTO {t} VALUES (70, 1, 'NSW'), (71, 1, 'NSW')", "DELETE FROM {t} WHERE a = 70"
+    )  # a matching row deleted
     mirror.sync()
     check_all()
     assert sorted((r["a"], r["b"], r["c"]) for r in mirror.check("public.t1", where=DOC_FILTER)) == [
-        (9, 110, "NSW"), (12, 104, "NSW"), (60, 999, "NSW"), (71, 1, "NSW")]
+        (9, 110, "NSW"),
+        (12, 104, "NSW"),
+        (60, 999, "NSW"),
+        (71, 1, "NSW"),
+    ]
 
 
 # -- keyed merges end to end -------------------------------------------------------------------------
@@ -170,35 +191,49 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
     mirror.setup()
     first = mirror.apply()
     assert {t: r.inserted for t, r in first.items()} == {
-        "public.items": 8, "public.pairs": 3, "public.tr": 2, "public.tr_ign": 2, "public.dup": 3, "public.events": 2,
-        "public.tk": 2}
+        "public.items": 8,
+        "public.pairs": 3,
+        "public.tr": 2,
+        "public.tr_ign": 2,
+        "public.dup": 3,
+        "public.events": 2,
+        "public.tk": 2,
+    }
     for table in ("public.items", "public.dup"):
         mirror.check(table)
     snapshot_lsn = mirror.checkpoint_lsn()
 
     # Sync 1: the TOAST column of items is never sent again; every value comes from Delta.
-    mirror.sql("UPDATE items SET v = 'one' WHERE id = 1")                       # same key
-    mirror.sql("UPDATE items SET id = 20 WHERE id = 2")                         # key change
+    mirror.sql("UPDATE items SET v = 'one' WHERE id = 1")  # same key
+    mirror.sql("UPDATE items SET id = 20 WHERE id = 2")  # key change
     mirror.sql("UPDATE items SET id = 30 WHERE id = 3", "UPDATE items SET id = 31, n = 31 WHERE id = 30")  # chain
-    mirror.sql("UPDATE items SET id = 99 WHERE id = 4", "UPDATE items SET id = 4 WHERE id = 5",
-               "UPDATE items SET id = 5 WHERE id = 99")                         # swap 4 ↔ 5
+    mirror.sql(
+        "UPDATE items SET id = 99 WHERE id = 4",
+        "UPDATE items SET id = 4 WHERE id = 5",
+        "UPDATE items SET id = 5 WHERE id = 99",
+    )  # swap 4 ↔ 5
     mirror.sql("DELETE FROM items WHERE id = 6")
     mirror.sql("DELETE FROM items WHERE id = 7", "INSERT INTO items VALUES (7, 'again', 7, 'short')")  # inline now
     mirror.sql("UPDATE items SET n = 70 WHERE id = 7")
-    mirror.sql(f"INSERT INTO items SELECT 9, 'nine', 9, {BIG} FROM (SELECT 9 AS g) s",
-               "UPDATE items SET n = 90 WHERE id = 9")                           # filled from the batch
+    mirror.sql(
+        f"INSERT INTO items SELECT 9, 'nine', 9, {BIG} FROM (SELECT 9 AS g) s", "UPDATE items SET n = 90 WHERE id = 9"
+    )  # filled from the batch
     mirror.sql("UPDATE items SET big = 'inline now' WHERE id = 8", "UPDATE items SET v = 'eight' WHERE id = 8")
 
     mirror.sql("UPDATE pairs SET v = 'x2' WHERE code = 'a'")
-    mirror.sql("UPDATE pairs SET code = 'bb' WHERE code = 'b'")                # key change of USING INDEX
+    mirror.sql("UPDATE pairs SET code = 'bb' WHERE code = 'b'")  # key change of USING INDEX
     mirror.sql("DELETE FROM pairs WHERE code = 'c'", "INSERT INTO pairs VALUES (4, 'c', 'reused key')")
     mirror.sql("UPDATE pairs SET id = 10 WHERE code = 'a'")
 
     for t in ("tr", "tr_ign"):
         mirror.sql(f"INSERT INTO {t} VALUES (3, 'three')", f"UPDATE {t} SET v = 'one!' WHERE id = 1")
-    mirror.sql("INSERT INTO tr VALUES (6, 'six')", "INSERT INTO tr_ign VALUES (6, 'six')",
-               "TRUNCATE tr, tr_ign",                                            # one TRUNCATE of both
-               "INSERT INTO tr VALUES (4, 'four')", "INSERT INTO tr_ign VALUES (4, 'four')")
+    mirror.sql(
+        "INSERT INTO tr VALUES (6, 'six')",
+        "INSERT INTO tr_ign VALUES (6, 'six')",
+        "TRUNCATE tr, tr_ign",  # one TRUNCATE of both
+        "INSERT INTO tr VALUES (4, 'four')",
+        "INSERT INTO tr_ign VALUES (4, 'four')",
+    )
     for t in ("tr", "tr_ign"):
         mirror.sql(f"UPDATE {t} SET v = 'four!' WHERE id = 4", f"INSERT INTO {t} VALUES (5, 'five')")
 
@@ -214,9 +249,17 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
     assert unchanged_columns(mirror, "public.tk", snapshot_lsn) == [("update", ["k", "big"])] * 2
     for table in ("public.items", "public.pairs", "public.tr", "public.dup", "public.events", "public.tk"):
         mirror.check(table)
-    mirror.check("public.tr_ign", expected=[
-        {"id": 1, "v": "one!"}, {"id": 2, "v": "two"}, {"id": 3, "v": "three"}, {"id": 4, "v": "four!"},
-        {"id": 5, "v": "five"}, {"id": 6, "v": "six"}])
+    mirror.check(
+        "public.tr_ign",
+        expected=[
+            {"id": 1, "v": "one!"},
+            {"id": 2, "v": "two"},
+            {"id": 3, "v": "three"},
+            {"id": 4, "v": "four!"},
+            {"id": 5, "v": "five"},
+            {"id": 6, "v": "six"},
+        ],
+    )
     assert applied["public.tr"].deleted == 2  # emptied: the two rows it held
     assert applied["public.events"].inserted == 2
 
@@ -229,7 +272,12 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
     applied = mirror.sync()
     assert unchanged_columns(mirror, "public.items", before).count(("update", ["big"])) == 6
     assert {t for t, r in applied.items() if r.skipped} == {
-        "public.pairs", "public.tr", "public.tr_ign", "public.events", "public.tk"}
+        "public.pairs",
+        "public.tr",
+        "public.tr_ign",
+        "public.events",
+        "public.tk",
+    }
     assert all(r.skipped == "no changes" for t, r in applied.items() if r.skipped)
     mirror.check("public.items")
     assert sorted((r["a"], r["b"]) for r in mirror.check("public.dup")) == [(2, "z"), (3, "w")]
@@ -249,7 +297,9 @@ def plan_pending(mirror: Mirror, table: str) -> tuple[Any, Any, int]:
     target = delta_target(config, settings, mirror.spark)
     applied = target.applied_lsn()
     assert applied is not None and applied < checkpoint.lsn
-    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)]
+    chunks = [
+        RecordChunk(c.relation, c.records) for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)
+    ]
     plan = plan_changes(chunks, checkpoint.tables[table].relation, truncate=settings.truncate)
     return target, plan, checkpoint.lsn
 
@@ -307,7 +357,10 @@ def test_exactly_once(mirror_of) -> None:  # type: ignore[no-untyped-def]
     assert {t: r.skipped for t, r in mirror.apply().items()} == {t: "up to date" for t in tables}
 
     # Delta's own guard, under the apply code: a commit at the applied LSN or below is skipped.
-    target, path = delta_target(mirror.config(), mirror.config().table("public.a"), mirror.spark), mirror.path("public.a")
+    target, path = (
+        delta_target(mirror.config(), mirror.config().table("public.a"), mirror.spark),
+        mirror.path("public.a"),
+    )
     version, rows = mirror.version("public.a"), mirror.delta("public.a")
     for lsn in (target.applied_lsn(), 1):
         with target.commit(lsn):
@@ -379,6 +432,7 @@ def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -
     """The range covers every key of the plan, deleted ones included, and exists only where the
     first key column's order is the same in Arrow, Spark and Delta's statistics and no key is
     null (a numeric NaN is kept as null beside its text)."""
+
     def bounds(type_oid: int, *keys: Any) -> str | None:
         rel = relation("t", ("k", type_oid, KEY), ("v", TEXT))
         if type_oid == NUMERIC:  # numeric(12, 2): decimal128 in the change log (unconstrained: text)
@@ -394,7 +448,8 @@ def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -
     assert bounds(INT8, 7, -3, 40) == str(F.col("t.`k`").between(-3, 40))
     assert bounds(TEXT, "m", "b", "zz") == str(F.col("t.`k`").between("b", "zz"))
     assert bounds(NUMERIC, Decimal("1.5"), Decimal("-2"), Decimal("3")) == str(
-        F.col("t.`k`").between(Decimal("-2.00"), Decimal("3.00")))
+        F.col("t.`k`").between(Decimal("-2.00"), Decimal("3.00"))
+    )
     assert bounds(NUMERIC, Decimal("1.5"), None, Decimal("3")) is None
     assert bounds(FLOAT8, 1.0, 2.0, 3.0) is None
     assert bounds(TIMESTAMPTZ, T0, T0, T0) is None
@@ -404,7 +459,9 @@ def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -
 
 
 def delta_types(mirror: Mirror, table: str) -> dict[str, str]:
-    return {f.name: f.dataType.simpleString() for f in mirror.spark.read.format("delta").load(mirror.path(table)).schema}
+    return {
+        f.name: f.dataType.simpleString() for f in mirror.spark.read.format("delta").load(mirror.path(table)).schema
+    }
 
 
 def test_schema_changes_between_and_inside_batches(mirror_of) -> None:  # type: ignore[no-untyped-def]
@@ -425,7 +482,13 @@ def test_schema_changes_between_and_inside_batches(mirror_of) -> None:  # type: 
     mirror.setup()
     mirror.apply()
     assert delta_types(mirror, "public.ev") == {
-        "id": "int", "n": "int", "s": "string", "d": "string", "_cdc_lsn": "bigint", "_cdc_commit_time": "timestamp"}
+        "id": "int",
+        "n": "int",
+        "s": "string",
+        "d": "string",
+        "_cdc_lsn": "bigint",
+        "_cdc_commit_time": "timestamp",
+    }
 
     # Sync 1: ev gets a column; ev1 goes through every change in one batch, with rows in between.
     mirror.sql("ALTER TABLE ev ADD COLUMN extra text")
@@ -444,7 +507,13 @@ def test_schema_changes_between_and_inside_batches(mirror_of) -> None:  # type: 
     mirror.check("public.ev1")
     assert delta_types(mirror, "public.ev")["extra"] == "string"
     assert delta_types(mirror, "public.ev1") == {
-        "id": "int", "n": "bigint", "s": "string", "extra": "string", "_cdc_lsn": "bigint", "_cdc_commit_time": "timestamp"}
+        "id": "int",
+        "n": "bigint",
+        "s": "string",
+        "extra": "string",
+        "_cdc_lsn": "bigint",
+        "_cdc_commit_time": "timestamp",
+    }
 
     # Sync 2: a column dropped between syncs.
     mirror.sql("ALTER TABLE ev DROP COLUMN d")
@@ -461,7 +530,13 @@ def test_schema_changes_between_and_inside_batches(mirror_of) -> None:  # type: 
     mirror.sync()
     rows = mirror.check("public.ev")
     assert delta_types(mirror, "public.ev") == {
-        "id": "int", "n": "bigint", "s": "string", "extra": "string", "_cdc_lsn": "bigint", "_cdc_commit_time": "timestamp"}
+        "id": "int",
+        "n": "bigint",
+        "s": "string",
+        "extra": "string",
+        "_cdc_lsn": "bigint",
+        "_cdc_commit_time": "timestamp",
+    }
     assert sorted((r["id"], r["n"]) for r in rows) == [(1, 1), (2, 20), (3, 1099511627776), (4, 4)]
 
 
@@ -474,20 +549,28 @@ TYPED_COLUMNS = """
 """
 TYPED_ROWS = [
     # every column set
-    ("('happy', '{1,2,NULL}', '{{a,b},{\"c d\",NULL}}', '{\"k\": [1, 2.5]}', '{\"b\": 1, \"a\": null}', -123456789.123,"
-    " '3.14159265358979323846264338327950288', '2024-02-29 12:34:56.789012+05:30', '1999-12-31 23:59:59.123456',"
-    " '2024-02-29', '23:59:59.999999', '12:34:56.5-08', '1 year 2 mons 3 days 04:05:06.5', '\\x00ff10',"
-    " 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', true, 1.5e300, 0.1, -32768, 9223372036854775807, 'ab  ')"),
+    (
+        "('happy', '{1,2,NULL}', '{{a,b},{\"c d\",NULL}}', '{\"k\": [1, 2.5]}', '{\"b\": 1, \"a\": null}', -123456789.123,"
+        " '3.14159265358979323846264338327950288', '2024-02-29 12:34:56.789012+05:30', '1999-12-31 23:59:59.123456',"
+        " '2024-02-29', '23:59:59.999999', '12:34:56.5-08', '1 year 2 mons 3 days 04:05:06.5', '\\x00ff10',"
+        " 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11', true, 1.5e300, 0.1, -32768, 9223372036854775807, 'ab  ')"
+    ),
     # every column NULL
-    ("(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
-    " NULL, NULL, NULL)"),
+    (
+        "(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
+        " NULL, NULL, NULL)"
+    ),
     # special floats, empty arrays, negative and odd values
-    ("('sad', '{}', '{}', '[]', '{}', 0, 'NaN', '1970-01-01 00:00:00+00', '1500-03-01 00:00:00', '1500-03-01',"
-    " '00:00:00', '00:00:00+05:53:28', '-1 days +02:03:04.000001', '', '00000000-0000-0000-0000-000000000000',"
-    " false, 'NaN', 'Infinity', 0, -1, '')"),
-    ("('ok', '{-2147483648}', '{{\"\"}}', '\"text\"', '[1, \"two\", {\"3\": null}]', 999999999.999, '-1e-30',"
-    " '2262-04-11 23:47:16.854775+00', '0001-01-01 00:00:00', '9999-12-31', '12:00:00', '23:59:59+14',"
-    " '-178000000 years', '\\x5c', 'ffffffff-ffff-ffff-ffff-ffffffffffff', NULL, '-Infinity', '-0', 1, 0, 'z')"),
+    (
+        "('sad', '{}', '{}', '[]', '{}', 0, 'NaN', '1970-01-01 00:00:00+00', '1500-03-01 00:00:00', '1500-03-01',"
+        " '00:00:00', '00:00:00+05:53:28', '-1 days +02:03:04.000001', '', '00000000-0000-0000-0000-000000000000',"
+        " false, 'NaN', 'Infinity', 0, -1, '')"
+    ),
+    (
+        "('ok', '{-2147483648}', '{{\"\"}}', '\"text\"', '[1, \"two\", {\"3\": null}]', 999999999.999, '-1e-30',"
+        " '2262-04-11 23:47:16.854775+00', '0001-01-01 00:00:00', '9999-12-31', '12:00:00', '23:59:59+14',"
+        " '-178000000 years', '\\x5c', 'ffffffff-ffff-ffff-ffff-ffffffffffff', NULL, '-Infinity', '-0', 1, 0, 'z')"
+    ),
 ]
 
 
@@ -510,9 +593,11 @@ def test_column_types(mirror_of) -> None:  # type: ignore[no-untyped-def]
         mirror.sql(*[f"INSERT INTO {t} VALUES ({10 + i}, {row[1:]}" for t in ("ty", "tyf")])
     mirror.sql("INSERT INTO tyf SELECT * FROM tyf WHERE id = 12")  # a duplicate row with NaN and infinities
     for t in ("ty", "tyf"):
-        mirror.sql(f"UPDATE {t} SET (e, a1, a2, j, jb, num, un, tz, ts, d, t, ttz, iv, by, u, b, f8, f4, i2, i8, vc) ="
-                   f" (SELECT e, a1, a2, j, jb, num, un, tz, ts, d, t, ttz, iv, by, u, b, f8, f4, i2, i8, vc"
-                   f" FROM {t} WHERE id = 12 LIMIT 1) WHERE id = 0")
+        mirror.sql(
+            f"UPDATE {t} SET (e, a1, a2, j, jb, num, un, tz, ts, d, t, ttz, iv, by, u, b, f8, f4, i2, i8, vc) ="
+            f" (SELECT e, a1, a2, j, jb, num, un, tz, ts, d, t, ttz, iv, by, u, b, f8, f4, i2, i8, vc"
+            f" FROM {t} WHERE id = 12 LIMIT 1) WHERE id = 0"
+        )
         mirror.sql(f"UPDATE {t} SET (e, a1, tz, iv, f8) = ('ok', '{{7}}', now(), '1 day', 2.5) WHERE id = 1")
         mirror.sql(f"DELETE FROM {t} WHERE id = 13")
     mirror.sql("DELETE FROM tyf WHERE ctid = (SELECT min(ctid) FROM tyf WHERE id = 12)")  # one of the two NaN rows

@@ -120,6 +120,7 @@ BACKLOG = (
     " SELECT 'backlog', jsonb_build_object('n', g, 'pad', repeat('x', 40)), now() FROM generate_series(1, 150000) g"
 )
 
+
 @dataclass
 class Attempt:
     """One sync subprocess and what it printed (with arrival times)."""
@@ -135,7 +136,12 @@ class Attempt:
         env.update({DSN_VARIABLE: dsn, "PYTHONUNBUFFERED": "1"})
         process = subprocess.Popen(
             [sys.executable, "-m", "cdc_assets", "sync", "--wait", "-c", str(config)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
         )
         attempt = cls(process, time.monotonic())
         for stream, lines in ((process.stdout, attempt.stdout), (process.stderr, attempt.stderr)):
@@ -250,7 +256,9 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
             attempt = Attempt.start(config_path, pg.dsn)
             fired = _wait_for_target(attempt, target, monitor, warehouse, wall, rng)
             if fired:
-                delay = {"drain": rng.uniform(0, 0.2), "spark-start": rng.uniform(0, 15), "merge": rng.uniform(0, 4)}[target]
+                delay = {"drain": rng.uniform(0, 0.2), "spark-start": rng.uniform(0, 15), "merge": rng.uniform(0, 4)}[
+                    target
+                ]
                 try:
                     attempt.process.wait(timeout=delay)  # the random delay is the experiment
                 except subprocess.TimeoutExpired:
@@ -265,8 +273,10 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
             attempt.kill()
             kills.append(Kill(target, phase, time.monotonic() - attempt.started, detail))
             hits += phase in PHASES
-            print(f"\nkill {hits}/{KILLS}: aimed at {target}, hit {phase} ({detail}) at"
-                  f" {kills[-1].seconds:.1f} s", flush=True)
+            print(
+                f"\nkill {hits}/{KILLS}: aimed at {target}, hit {phase} ({detail}) at {kills[-1].seconds:.1f} s",
+                flush=True,
+            )
             # The killed drain's sessions end when the server notices; the next sync must not see them.
             wait_until(lambda: not _sessions(monitor), 60, "the killed sync's sessions to end")
             _check_after_kill(config, applied_before)
@@ -320,10 +330,14 @@ def _wait_for_target(
             condition = lambda: files_since(warehouse, wall) > 0 or attempt.tables_done() > 0  # noqa: E731
         else:
             condition = lambda: attempt.tables_done() >= k  # noqa: E731
-    return bool(wait_until(lambda: condition() or not attempt.running(), 600, f"{target} of a sync") and attempt.running())
+    return bool(
+        wait_until(lambda: condition() or not attempt.running(), 600, f"{target} of a sync") and attempt.running()
+    )
 
 
-def _phase(attempt: Attempt, monitor: psycopg.Connection[Any], warehouse: Path, wall: float, tables: int) -> tuple[str, str]:
+def _phase(
+    attempt: Attempt, monitor: psycopg.Connection[Any], warehouse: Path, wall: float, tables: int
+) -> tuple[str, str]:
     """What the sync is doing right now, from the evidence."""
     if not attempt.drained():
         return ("drain", "drain lock held") if lock_granted(monitor) else ("start-up", "before the drain lock")
@@ -345,6 +359,8 @@ def _check_after_kill(config: Config, applied_before: dict[str, int]) -> None:
         if lsn is None:
             continue
         read_delta_rs(path)
-        assert lsn <= checkpoint.lsn, f"{name}: applied LSN {format_lsn(lsn)} past the checkpoint {format_lsn(checkpoint.lsn)}"
+        assert lsn <= checkpoint.lsn, (
+            f"{name}: applied LSN {format_lsn(lsn)} past the checkpoint {format_lsn(checkpoint.lsn)}"
+        )
         assert lsn >= applied_before.get(name, 0), f"{name}: applied LSN went back to {format_lsn(lsn)}"
         applied_before[name] = lsn

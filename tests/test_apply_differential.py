@@ -56,7 +56,6 @@ PARALLEL = int(os.environ.get("CDC_DIFF_PARALLEL", "3"))
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 
 
-
 def drain_variant(config: Config, rng: random.Random) -> tuple[Config, str]:
     streaming = rng.choice(("off", "on", "on"))
     batch = rng.choice((500, 5_000, 100_000))
@@ -86,7 +85,12 @@ def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
     try:
         workload.create()
         workload.populate()
-        config = load_config(write_config(folder, {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot}, workload.tables), environ={DSN_VARIABLE: db.dsn})
+        config = load_config(
+            write_config(
+                folder, {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot}, workload.tables
+            ),
+            environ={DSN_VARIABLE: db.dsn},
+        )
         setup(config)
         chunks = [OPS // SYNCS + (1 if i < OPS % SYNCS else 0) for i in range(SYNCS)]
         large_chunk = plan.randrange(SYNCS)
@@ -95,7 +99,9 @@ def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
             large_at = plan.randrange(ops) if i == large_chunk else None
             if plan.random() < 0.4 and ops > 10:  # two drains, one apply
                 first = plan.randrange(1, ops)
-                workload.run(first, allow_pending=False, large_at=large_at if large_at is not None and large_at < first else None)
+                workload.run(
+                    first, allow_pending=False, large_at=large_at if large_at is not None and large_at < first else None
+                )
                 variant, _ = drain_variant(config, plan)
                 done = drain(variant)
                 result.drains += 1
@@ -178,7 +184,12 @@ def test_differential_random_workloads(pg: Database, spark: Any, tmp_path: Path)
     assert sum(r.rows_compared for r in results) > 0
     if len(seeds) < 10:
         return
-    assert total.truncates and total.large_transactions >= len(seeds) and total.prepared_commits and total.prepared_rollbacks
+    assert (
+        total.truncates
+        and total.large_transactions >= len(seeds)
+        and total.prepared_commits
+        and total.prepared_rollbacks
+    )
     assert total.savepoint_rollbacks and total.swaps and total.key_changes and total.prepared_left_pending
     # ... and the change logs carry the cases the semantics are about.
     assert coverage["docs"]["unchanged TOAST"] and coverage["docs"]["old K"]

@@ -66,7 +66,9 @@ def _wait_for(what: str, probe: Callable[[], Any], timeout_s: float, on_timeout:
         except (OSError, urllib.error.URLError, ValueError) as error:
             last_error = error
         time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error})\n{on_timeout()}")
+    raise AssertionError(
+        f"timed out after {timeout_s:.0f} s waiting for {what} (last error: {last_error})\n{on_timeout()}"
+    )
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -187,7 +189,9 @@ def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
     started = time.monotonic()
     result = subprocess.run([*command, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
     print(f"cdc-assets {' '.join(args)}: {time.monotonic() - started:.1f} s\n{result.stdout}{result.stderr[-3000:]}")
-    assert result.returncode == 0, f"cdc-assets {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, (
+        f"cdc-assets {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr[-6000:]}"
+    )
     return result
 
 
@@ -254,7 +258,9 @@ def test_sync_on_standalone_cluster(pg: Database, tmp_path: Path, cluster: Stand
         conn.execute("UPDATE orders SET status = 'draft' WHERE id % 11 = 0 AND status = 'placed'")  # placed -> draft
         conn.execute("DELETE FROM orders WHERE id % 13 = 0")
         with conn.transaction():
-            conn.execute("INSERT INTO orders VALUES (5001, 1, 'placed', 10.50, now(), 'one'), (5002, 2, 'draft', 3, now(), NULL)")
+            conn.execute(
+                "INSERT INTO orders VALUES (5001, 1, 'placed', 10.50, now(), 'one'), (5002, 2, 'draft', 3, now(), NULL)"
+            )
             conn.execute("UPDATE orders SET total = total + 1 WHERE id IN (5001, 5002)")
     first = _cli("sync", env=env, cwd=folder)
     assert "drained" in first.stdout, first.stdout

@@ -62,10 +62,16 @@ def test_table_names_quote_and_default_schema() -> None:
     ("edit", "message"),
     [
         (("${CDC_SOURCE_DSN}", "${NOPE}"), r"cdc.yaml, line 3: environment variable NOPE is not set"),
-        (("truncate: apply", "truncate: drop"), r"tables.public.orders.truncate: expected 'apply' or 'ignore', got 'drop'"),
+        (
+            ("truncate: apply", "truncate: drop"),
+            r"tables.public.orders.truncate: expected 'apply' or 'ignore', got 'drop'",
+        ),
         (("slot: cdc_slot", "slot: Bad-Slot"), r"source.slot: a replication slot name is 1-63"),
         (("publication: cdc_pub", "publication: cdc_pub\n  colour: blue"), r"source.colour: unknown setting"),
-        (("master: local[2]", "master: local[2]\n  remote: sc://x"), r"spark.remote: set either spark.master or spark.remote"),
+        (
+            ("master: local[2]", "master: local[2]\n  remote: sc://x"),
+            r"spark.remote: set either spark.master or spark.remote",
+        ),
         (("  path: ./data/changelog", "  path: 7"), r"changelog.path: expected a non-empty string, got 7"),
     ],
 )

@@ -318,7 +318,6 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         assert requested(fresh) == set(), {t: tick.skip_message for t, tick in fresh.items()}
 
 
-
 # -- 3. rebuild backfill ---------------------------------------------------------------------------
 
 
@@ -349,7 +348,9 @@ def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: Da
     # A backfill of two of the three partitions of cdc/rebuild: one run per partition.
     selected = (CUSTOMERS, ORDERS)
     runs = {
-        table: env.execute(dg.AssetSelection.assets(REBUILD_KEY), partition_key=table, tags={"dagster/backfill": "rebuild"})
+        table: env.execute(
+            dg.AssetSelection.assets(REBUILD_KEY), partition_key=table, tags={"dagster/backfill": "rebuild"}
+        )
         for table in selected
     }
     for table, result in runs.items():
@@ -403,7 +404,9 @@ def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: Da
     try:
         checks = check_results(env.execute(dg.AssetSelection.checks(*parity_keys)))
         assert {k: e.passed for k, e in checks.items()} == {
-            (CUSTOMERS, "parity"): True, (ORDERS, "parity"): False, (NOTES, "parity"): True
+            (CUSTOMERS, "parity"): True,
+            (ORDERS, "parity"): False,
+            (NOTES, "parity"): True,
         }
         failed = checks[(ORDERS, "parity")]
         assert failed.severity == dg.AssetCheckSeverity.ERROR
@@ -459,11 +462,18 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     def at(day: date, hour: int, minute: int = 0) -> datetime:
         return datetime.combine(day, time(hour, minute), tzinfo=timezone.utc)
 
-    commit_at(env.db, at(first, 12), "INSERT INTO public.notes VALUES (101, 'a', 1)", "INSERT INTO public.notes VALUES (102, 'b', 2)")
+    commit_at(
+        env.db,
+        at(first, 12),
+        "INSERT INTO public.notes VALUES (101, 'a', 1)",
+        "INSERT INTO public.notes VALUES (102, 'b', 2)",
+    )
     commit_at(env.db, at(first, 18, 30), "UPDATE public.notes SET body = 'a2' WHERE id = 101")
     commit_at(
-        env.db, at(last, 9, 15),
-        "DELETE FROM public.notes WHERE id = 102", "UPDATE public.notes SET stars = 7 WHERE id = 101",
+        env.db,
+        at(last, 9, 15),
+        "DELETE FROM public.notes WHERE id = 102",
+        "UPDATE public.notes SET stars = 7 WHERE id = 101",
         "UPDATE public.customers SET tier = 'platinum' WHERE id = 3",  # another table, same day
     )
     env.transactions(["INSERT INTO public.notes VALUES (103, 'today', 3)"])  # committed now
@@ -483,7 +493,9 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     # These commits carry earlier (upstream) commit days, so the asset is built by the same factory
     # with its partitions starting at the first of them.
     settings = load_settings(str(env.config_path))
-    snapshot_day = datetime.fromtimestamp(ChangeLogReader(settings.config.changelog_path).checkpoint().snapshot_time_us / 1e6, timezone.utc).date()
+    snapshot_day = datetime.fromtimestamp(
+        ChangeLogReader(settings.config.changelog_path).checkpoint().snapshot_time_us / 1e6, timezone.utc
+    ).date()
     located = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES))).partitions_def
     assert isinstance(located, dg.DailyPartitionsDefinition)
     assert located.start.date() == snapshot_day and str(located.timezone) == "UTC"
@@ -495,7 +507,10 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
         written = {}
         for day in days:
             result = dg.materialize(
-                [history], partition_key=day.isoformat(), instance=env.instance, resources=env.defs.resources,
+                [history],
+                partition_key=day.isoformat(),
+                instance=env.instance,
+                resources=env.defs.resources,
                 tags={"dagster/backfill": "history"},
             )
             metadata = materialization(result, history.key)
@@ -562,7 +577,10 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
         slug = table.replace(".", "__")
         assert defs.resolve_assets_def(MIRROR_KEYS[table]).op.pool == f"cdc_table__{slug}"
     drain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_drain_schedule").job_name)
-    merge_jobs = {t: defs.resolve_job_def(defs.resolve_sensor_def(f"cdc_merge__{t.replace('.', '__')}").job_name) for t in (CUSTOMERS, NOTES)}
+    merge_jobs = {
+        t: defs.resolve_job_def(defs.resolve_sensor_def(f"cdc_merge__{t.replace('.', '__')}").job_name)
+        for t in (CUSTOMERS, NOTES)
+    }
 
     # The demo's instance settings (pools: limit 1, run granularity), the queued run coordinator,
     # and a launcher that executes drains in this process and holds merges as "starting".
@@ -591,7 +609,10 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
             return {name: instance.get_run_by_id(run_id).status for name, run_id in runs.items()}  # type: ignore[union-attr]
 
         def finished(name: str) -> bool:
-            return instance.get_run_by_id(runs[name]).status in (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE)  # type: ignore[union-attr]
+            return instance.get_run_by_id(runs[name]).status in (
+                dg.DagsterRunStatus.SUCCESS,
+                dg.DagsterRunStatus.FAILURE,
+            )  # type: ignore[union-attr]
 
         # Dagster enforces a pool from the dequeue pass after the one that first sees it (the pass
         # reads the configured pools before it initializes new ones): a deployment's pools exist

@@ -123,7 +123,9 @@ def capture_corpus(db: Database) -> list[Captured]:
             else list(_peek(conn, "fuzz", [*base, "streaming", "parallel"])),
         }
         binary = list(_peek(conn, "fuzz", [*base, "binary", "true"]))
-        two_phase = list(_peek(conn, "fuzz2pc", [*base, "two_phase", "on", "streaming", "on" if db.version >= 16 else "true"]))
+        two_phase = list(
+            _peek(conn, "fuzz2pc", [*base, "two_phase", "on", "streaming", "on" if db.version >= 16 else "true"])
+        )
     corpus: list[Captured] = []
     for mode, messages in [*streams.items(), ("off", binary), ("on", two_phase)]:
         decoder = PgoutputDecoder(streaming=mode)  # type: ignore[arg-type]
@@ -221,10 +223,15 @@ def test_columnar_extraction_agrees_with_decoder_or_raises_decode_error(corpus: 
         try:
             columns = extract_changes(messages, ncols, xid_prefixed=picked[0].in_stream)
         except DecodeError:
-            assert any(
-                d is None or not isinstance(d, InsertMessage | UpdateMessage | DeleteMessage) or _ncols_of(d) != ncols
-                for d in decoded
-            ) or len({m[1 + 4 * picked[0].in_stream :][:4] for m in messages}) > 1
+            assert (
+                any(
+                    d is None
+                    or not isinstance(d, InsertMessage | UpdateMessage | DeleteMessage)
+                    or _ncols_of(d) != ncols
+                    for d in decoded
+                )
+                or len({m[1 + 4 * picked[0].in_stream :][:4] for m in messages}) > 1
+            )
             return
         for row, message in enumerate(decoded):
             assert isinstance(message, InsertMessage | UpdateMessage | DeleteMessage)
@@ -281,7 +288,12 @@ def _messages() -> st.SearchStrategy[Message]:
         st.builds(CommitMessage, st.just(0), _u64, _u64, _times),
         st.builds(OriginMessage, _u64, _names),
         st.builds(
-            RelationMessage, _xids, _u32, _names, _names, st.sampled_from("dnfi"),
+            RelationMessage,
+            _xids,
+            _u32,
+            _names,
+            _names,
+            st.sampled_from("dnfi"),
             st.lists(column, max_size=5).map(tuple),
         ),
         st.builds(TypeMessage, _xids, _u32, _names, _names),
@@ -311,7 +323,17 @@ def test_every_message_round_trips(message: Message) -> None:
     parallel = isinstance(message, StreamAbortMessage) and message.abort_lsn is not None
     decoder = PgoutputDecoder(streaming="parallel" if parallel else "on")
     decoder.in_stream = getattr(message, "xid", None) is not None and not isinstance(
-        message, (BeginMessage, StreamStartMessage, StreamCommitMessage, StreamAbortMessage, BeginPrepareMessage,
-                  PrepareMessage, StreamPrepareMessage, CommitPreparedMessage, RollbackPreparedMessage)
+        message,
+        (
+            BeginMessage,
+            StreamStartMessage,
+            StreamCommitMessage,
+            StreamAbortMessage,
+            BeginPrepareMessage,
+            PrepareMessage,
+            StreamPrepareMessage,
+            CommitPreparedMessage,
+            RollbackPreparedMessage,
+        ),
     )
     assert decoder.decode(encode(message)) == message

@@ -228,7 +228,17 @@ def test_inserts_of_every_type_with_type_and_relation_messages(pg_any: Any, conn
 
     relation = catalog_relation(conn, "app.things")
     assert [c.name for c in relation.columns] == [
-        "id", "label", "price", "at", "flag", "blob", "doc", "feeling", "qty", "nums", "moods",
+        "id",
+        "label",
+        "price",
+        "at",
+        "flag",
+        "blob",
+        "doc",
+        "feeling",
+        "qty",
+        "nums",
+        "moods",
     ]
     types = expected_types(conn, "app.things")
     (mood, posint, mood_array) = (
@@ -576,7 +586,11 @@ def test_transactional_and_non_transactional_messages(pg_any: Any, conn: Any) ->
             message = item.message
             assert isinstance(message, LogicalDecodingMessage)
             assert (message.xid, message.flags, message.lsn, message.prefix, message.content) == (
-                None, flags, lsn, prefix, content,
+                None,
+                flags,
+                lsn,
+                prefix,
+                content,
             )
             assert message.transactional == bool(flags)
             assert item.row.lsn == lsn
@@ -814,7 +828,11 @@ def test_streamed_transaction_with_savepoints(pg_any: Any, conn: Any) -> None:
         (message_item,) = [item for item in changes if item.kind == "M"]
         message = message_item.message
         assert (message.xid, message.flags, message.lsn, message.prefix, message.content) == (
-            top, 1, message_lsn, "stream", b"inside",
+            top,
+            1,
+            message_lsn,
+            "stream",
+            b"inside",
         )
         tail = [item.kind for item in changes[-3:]]
         assert tail == ["U", "D", "T"]
@@ -996,8 +1014,14 @@ def test_two_phase_prepare_commit_rollback_and_stream_prepare(pg_any: Any, conn:
         assert all(item.row.xid == g1.xid for item in decoded[:5])
         assert isinstance(prepared.message, PrepareMessage)
         p1 = assert_prepare(prepared, g1, "g1")
-        assert (begin_prepare.message.prepare_lsn, begin_prepare.message.end_lsn, begin_prepare.message.prepare_time) == (
-            p1.prepare_lsn, p1.end_lsn, p1.prepare_time,
+        assert (
+            begin_prepare.message.prepare_lsn,
+            begin_prepare.message.end_lsn,
+            begin_prepare.message.prepare_time,
+        ) == (
+            p1.prepare_lsn,
+            p1.end_lsn,
+            p1.prepare_time,
         )
         assert g1.lsn_before <= begin_prepare.row.lsn == insert.row.lsn < p1.prepare_lsn
         assert_relation(relation_message.message, relation)
@@ -1053,9 +1077,12 @@ def test_two_phase_prepare_commit_rollback_and_stream_prepare(pg_any: Any, conn:
 
 # -- 9. binary mode -------------------------------------------------------------------------------
 
-BINARY_DDL = MULTI_TYPE_DDL + """
+BINARY_DDL = (
+    MULTI_TYPE_DDL
+    + """
 ALTER TABLE app.things ADD COLUMN f8 float8, ADD COLUMN u uuid, ADD COLUMN iv interval, ADD COLUMN d date;
 """
+)
 
 
 def test_binary_mode_sends_typsend_bytes(pg_any: Any, conn: Any) -> None:

@@ -228,13 +228,17 @@ def test_compose_interpolates_only_variables_that_env_example_documents(compose:
 # -- Dockerfile ----------------------------------------------------------------------------------------
 
 
-def test_dockerfile_copies_files_that_exist_and_matches_what_compose_expects_in_the_image(compose: dict[str, Any]) -> None:
+def test_dockerfile_copies_files_that_exist_and_matches_what_compose_expects_in_the_image(
+    compose: dict[str, Any],
+) -> None:
     copied: dict[str, str] = {}  # image path → context path
     for sources, destination in copies():
         for source in sources:
             matches = list(ROOT.glob(source))
             assert matches, f"COPY source {source} does not exist in the build context {ROOT}"
-            target = destination if len(sources) == 1 and not destination.endswith("/") else destination + Path(source).name
+            target = (
+                destination if len(sources) == 1 and not destination.endswith("/") else destination + Path(source).name
+            )
             copied[target.rstrip("/")] = source
     assert {"pyproject.toml", "README.md", "cdc_assets", "dagster_project"} <= set(copied.values())
 
@@ -255,7 +259,9 @@ def test_dockerfile_copies_files_that_exist_and_matches_what_compose_expects_in_
     pin = re.search(r'"dagster==(\d+)\.(\d+)\.(\d+)"', (ROOT / "pyproject.toml").read_text())
     assert pin is not None
     line = f"0.{int(pin.group(2)) + 16}.{pin.group(3)}"
-    libraries = re.findall(r"(dagster-[a-z0-9-]+)==([\w.]+)", " ".join(a for k, a in dockerfile_instructions() if k == "RUN"))
+    libraries = re.findall(
+        r"(dagster-[a-z0-9-]+)==([\w.]+)", " ".join(a for k, a in dockerfile_instructions() if k == "RUN")
+    )
     assert {"dagster-postgres", "dagster-docker"} <= {name for name, _ in libraries}
     for name, version in libraries:
         assert version == line, (name, version, line)
@@ -317,7 +323,9 @@ def test_instance_file_passes_dagsters_validation_down_to_each_configured_class(
 def test_instance_validation_rejects_a_broken_copy(tmp_path: Path, instance_env: dict[str, str]) -> None:
     # The validation above is not vacuous: an unknown key in a section Dagster checks is an error.
     broken = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
-    broken["run_monitoring"]["free_slots_after_run_end"] = broken["run_monitoring"].pop("free_slots_after_run_end_seconds")
+    broken["run_monitoring"]["free_slots_after_run_end"] = broken["run_monitoring"].pop(
+        "free_slots_after_run_end_seconds"
+    )
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(broken))
     with pytest.raises(DagsterInvalidConfigError, match="free_slots_after_run_end"):
         dagster_instance_config(str(tmp_path))
@@ -327,7 +335,7 @@ def test_instance_validation_rejects_a_broken_copy(tmp_path: Path, instance_env:
 
 
 def test_workspace_file_loads_as_a_dagster_workspace_pointing_at_the_code_location_service(
-    compose: dict[str, Any]
+    compose: dict[str, Any],
 ) -> None:
     path = DEPLOY / "workspace.yaml"
     ensure_workspace_config(yaml.safe_load(path.read_text()), str(path))
@@ -353,7 +361,9 @@ def test_workspace_file_loads_as_a_dagster_workspace_pointing_at_the_code_locati
 # -- cdc.yaml --------------------------------------------------------------------------------------------
 
 
-def test_pipeline_config_loads_and_builds_the_code_location(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pipeline_config_loads_and_builds_the_code_location(
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     dsn = "host=db.example.com dbname=shop user=cdc password=pw"
     config = load_config(DEPLOY / "cdc.yaml", environ={DSN_VARIABLE: dsn})
     assert config.source.dsn == dsn

@@ -178,11 +178,19 @@ INSERT INTO parent VALUES (1, 'p1'), (2, 'p2');
 INSERT INTO child VALUES (1, 1, 'c1'), (2, 2, 'c2');
 INSERT INTO serial_t (v) VALUES ('s1'), ('s2');
 """
-TABLES = ["public.kinds", "public.full_t", "public.idx_t", "public.keyless", "public.parent", "public.child", "public.serial_t"]
+TABLES = [
+    "public.kinds",
+    "public.full_t",
+    "public.idx_t",
+    "public.keyless",
+    "public.parent",
+    "public.child",
+    "public.serial_t",
+]
 
 KINDS_ROW = (
     "INSERT INTO kinds VALUES (10, 'happy', '{sad,ok}', '{1,NULL,3}', '{{1,2},{3,4}}', '{\"a b\",\"c,d\",NULL,\"NULL\"}',"
-    " '{\"b\": 1, \"a\": [2]}', '{\"b\": 1, \"a\": [2]}', 12.345, 123456789.000000001, '2024-06-01 12:00:00.5+02',"
+    ' \'{"b": 1, "a": [2]}\', \'{"b": 1, "a": [2]}\', 12.345, 123456789.000000001, \'2024-06-01 12:00:00.5+02\','
     " '2024-02-29', '1 year 2 mons -3 days 04:05:06.5', '\\x00ff10', 0.1, true, 'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11',"
     " '12:34:56.789+05:30', 'small')"
 )
@@ -400,7 +408,9 @@ def test_session_settings_do_not_change_values(pg: Database, tmp_path: Path, wor
 # --- bounded memory ------------------------------------------------------------------------
 
 
-def test_bounded_memory_paths(pg: Database, tmp_path: Path, workload: Workload, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bounded_memory_paths(
+    pg: Database, tmp_path: Path, workload: Workload, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """With tiny row blocks and conversion chunks and a spill budget of one byte, every buffered chunk of every
     transaction is converted early and spilled to a temporary Arrow file, also inside streamed
     transactions whose subtransactions abort after earlier chunks were spilled: the log is the same."""
@@ -447,8 +457,12 @@ def test_two_phase_slot(pg: Database, tmp_path: Path, workload: Workload) -> Non
     w = workload
     prepared = Path(pipe.changelog, "prepared")
 
-    g1 = w.prepare("g1", "INSERT INTO t VALUES (2, 2, 'g1'), (3, 3, 'g1')", "SELECT pg_logical_emit_message(true, 'g', 'in g1')",
-                   "UPDATE t SET v = 'g1 upd' WHERE a = 1")
+    g1 = w.prepare(
+        "g1",
+        "INSERT INTO t VALUES (2, 2, 'g1'), (3, 3, 'g1')",
+        "SELECT pg_logical_emit_message(true, 'g', 'in g1')",
+        "UPDATE t SET v = 'g1 upd' WHERE a = 1",
+    )
     w.tx("INSERT INTO t VALUES (4, 4, 'plain')")
     first = pipe.drain()
     assert first.transactions == 1
@@ -808,7 +822,8 @@ def test_refuses_a_slot_ahead_of_the_checkpoint(ready: Pipeline) -> None:
     ahead = ready.confirmed_flush()
     assert ahead > checkpoint
     refused(
-        ready, SlotGapError,
+        ready,
+        SlotGapError,
         rf"replication slot cdc_slot has confirmed LSN {format_lsn(ahead)}, past the change log's checkpoint"
         rf" {format_lsn(checkpoint)}: .* Nothing was advanced",
     )
@@ -824,7 +839,9 @@ def test_refuses_an_invalidated_slot(ready: Pipeline) -> None:
             def lost() -> bool:
                 conn.execute("SELECT pg_switch_wal()")
                 conn.execute("CHECKPOINT")
-                (status,) = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'cdc_slot'").fetchone()
+                (status,) = conn.execute(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'cdc_slot'"
+                ).fetchone()
                 return status == "lost"
 
             conn.execute("INSERT INTO t VALUES (3, 'c')")
@@ -833,7 +850,8 @@ def test_refuses_an_invalidated_slot(ready: Pipeline) -> None:
             conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
             conn.execute("SELECT pg_reload_conf()")
     refused(
-        ready, SlotInvalidatedError,
+        ready,
+        SlotInvalidatedError,
         r"replication slot cdc_slot was invalidated by the server \(wal_status 'lost'.*drop the slot",
     )
 
@@ -845,7 +863,8 @@ def test_refuses_a_role_without_replication(ready: Pipeline) -> None:
     try:
         ready.dsn = db.cluster.dsn(db.name, user=role)
         refused(
-            ready, SourcePermissionError,
+            ready,
+            SourcePermissionError,
             r"permission denied on replication slot cdc_slot: .*; the source role needs the REPLICATION attribute",
         )
     finally:
@@ -933,10 +952,9 @@ def test_two_drains_never_interleave(pg: Database, tmp_path: Path, workload: Wor
     assert match.group(2) == format_lsn(pipe.checkpoint().lsn)
     batches = batch_chain(pipe)
     # The first drain's batches hold exactly the first 20 transactions, the second's the other 10.
-    assert len(batches) == first.batches + len(batches[first.batches:]) and first.batches >= 3
+    assert len(batches) == first.batches + len(batches[first.batches :]) and first.batches >= 3
     assert [x for _, xids in batches[: first.batches] for x in xids] == workload.xids[:20]
     assert [x for _, xids in batches[first.batches :] for x in xids] == workload.xids[20:]
     assert batches[first.batches][0] == first.checkpoint_lsn
     pipe.assert_mirrors()
     assert_transactions_log(pipe, workload.xids)
-

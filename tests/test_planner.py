@@ -52,7 +52,9 @@ def keyed_rows(plan: ChangePlan) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r[ACTION], [r[k] for k in plan.key]))
 
 
-def upsert(image: dict[str, Any], lsn: int, unresolved: list[str] | None = None, fill: dict[str, Any] | None = None) -> dict[str, Any]:
+def upsert(
+    image: dict[str, Any], lsn: int, unresolved: list[str] | None = None, fill: dict[str, Any] | None = None
+) -> dict[str, Any]:
     return {**image, LSN: lsn, ACTION: "upsert", UNRESOLVED: unresolved, FILL_KEY: fill}
 
 
@@ -275,7 +277,9 @@ def test_unresolved_toast_filled_from_the_whole_history() -> None:
     """Rows a row filter kept out of Delta cannot fill their 'u' columns from it: the plan of the
     whole log (snapshot onward) fills them, through key changes, and leaves resolved rows alone."""
     history = ChangeLog(TOASTY)
-    history.snapshot([{"id": 1, "v": "a", "big": "one"}, {"id": 2, "v": "b", "big": "two"}, {"id": 5, "v": "e", "big": "five"}])
+    history.snapshot(
+        [{"id": 1, "v": "a", "big": "one"}, {"id": 2, "v": "b", "big": "two"}, {"id": 5, "v": "e", "big": "five"}]
+    )
     history.update({"id": 3, "v": "c"}, old={"id": 2}, unchanged=["big"])  # applied earlier
     batch = ChangeLog(TOASTY)  # the records after the applied LSN, also at the end of the history
     for log in (history, batch):
@@ -293,6 +297,7 @@ def test_unresolved_toast_filled_from_the_whole_history() -> None:
         upsert({"id": 5, "v": "e2", "big": "FIVE"}, lsn5),
     ]
     assert fill_from_history(filled, plan_of(history)) is filled  # nothing left to fill
+
 
 def test_unchanged_toast_of_two_columns_resolved_separately() -> None:
     """One column resolved from the batch, the other left to Delta; a later update that sends a
@@ -374,7 +379,10 @@ def test_truncate_ignored() -> None:
     lsn2 = log.insert({"id": 2, "v": "b", "big": "y"})
     plan = plan_of(log, truncate="ignore")
     assert plan.truncate is False
-    assert keyed_rows(plan) == [upsert({"id": 1, "v": "a", "big": "x"}, lsn1), upsert({"id": 2, "v": "b", "big": "y"}, lsn2)]
+    assert keyed_rows(plan) == [
+        upsert({"id": 1, "v": "a", "big": "x"}, lsn1),
+        upsert({"id": 2, "v": "b", "big": "y"}, lsn2),
+    ]
     assert plan.records == 3
 
 
@@ -383,7 +391,9 @@ def test_snapshot_batch_replaces_the_table() -> None:
     changes after it apply on top."""
     log = ChangeLog(TOASTY)
     log.insert({"id": 9, "v": "before the snapshot", "big": "x"})
-    snap = log.snapshot([{"id": 1, "v": "a", "big": "x"}, {"id": 2, "v": "b", "big": "y"}, {"id": 3, "v": "c", "big": "z"}])
+    snap = log.snapshot(
+        [{"id": 1, "v": "a", "big": "x"}, {"id": 2, "v": "b", "big": "y"}, {"id": 3, "v": "c", "big": "z"}]
+    )
     lsn4 = log.insert({"id": 4, "v": "d", "big": "w"})
     lsn2 = log.delete({"id": 2})
     lsn3 = log.update({"id": 3, "v": "c2"}, unchanged=["big"])
@@ -591,10 +601,14 @@ def test_chunks_may_hold_any_record_table() -> None:
     lsn = log.update({"id": 2, "v": "b"}, old={"id": 1}, unchanged=["big"])
     table = log.table()
     split = [RecordChunk(TOASTY, table.slice(0, 1)), RecordChunk(TOASTY, table.slice(1))]
-    assert keyed_rows(plan_changes(split, TOASTY)) == keyed_rows(plan_of(log)) == [
-        gone(1, lsn),
-        upsert({"id": 2, "v": "b", "big": "BIG"}, lsn),
-    ]
+    assert (
+        keyed_rows(plan_changes(split, TOASTY))
+        == keyed_rows(plan_of(log))
+        == [
+            gone(1, lsn),
+            upsert({"id": 2, "v": "b", "big": "BIG"}, lsn),
+        ]
+    )
 
 
 def test_unchanged_toast_key_column_comes_from_the_old_key() -> None:
@@ -613,4 +627,6 @@ def test_unchanged_toast_key_column_comes_from_the_old_key() -> None:
     log = ChangeLog(full)
     log.update({"v": 2}, old={"k": "long key", "v": 1}, unchanged=["k"])
     assert sorted((r["k"], r["v"], r[COPIES]) for r in plan_of(log).rows.to_pylist()) == [
-        ("long key", 1, -1), ("long key", 2, 1)]
+        ("long key", 1, -1),
+        ("long key", 2, 1),
+    ]

@@ -62,10 +62,14 @@ def test_snapshot_under_concurrent_writes(pg: Database, tmp_path: Path) -> None:
                         (xid,) = conn.execute(XID).fetchone()
                         conn.execute("INSERT INTO acct VALUES (%s, 0, 'new')", (n,))
                         conn.execute("UPDATE acct SET v = v + 1 WHERE id = %s", (n % 400 + 1,))
-                        conn.execute("UPDATE acct SET id = id + 100000 WHERE id = (SELECT min(id) FROM acct WHERE id < 100000)")
+                        conn.execute(
+                            "UPDATE acct SET id = id + 100000 WHERE id = (SELECT min(id) FROM acct WHERE id < 100000)"
+                        )
                         conn.execute("DELETE FROM acct WHERE id = (SELECT max(id) FROM acct WHERE id < 1000)")
                         conn.execute("INSERT INTO ledger VALUES (%s, %s, %s)", (n, n % 400, n / 3))
-                        conn.execute("UPDATE ledger SET id = id + 100000 WHERE id = (SELECT min(id) FROM ledger WHERE id < 100000)")
+                        conn.execute(
+                            "UPDATE ledger SET id = id + 100000 WHERE id = (SELECT min(id) FROM ledger WHERE id < 100000)"
+                        )
                         conn.execute("UPDATE ledger SET amount = amount + 1 WHERE id = (SELECT max(id) FROM ledger)")
                         conn.execute("DELETE FROM ledger WHERE id = (SELECT max(id) FROM ledger WHERE id < 1000)")
                     committed.append(xid)
@@ -108,7 +112,12 @@ def test_snapshot_under_concurrent_writes(pg: Database, tmp_path: Path) -> None:
     # … and everything committed before setup started is in the snapshot, not in the log.
     assert not set(before_setup) & set(xids)
     assert first >= len(before_setup)
-    snapshot_rows = sum(1 for chunk in pipe.reader.read_changes("public.acct") for op in chunk.records.column("_cdc_op").to_pylist() if op == "snapshot")
+    snapshot_rows = sum(
+        1
+        for chunk in pipe.reader.read_changes("public.acct")
+        for op in chunk.records.column("_cdc_op").to_pylist()
+        if op == "snapshot"
+    )
     assert snapshot_rows == result.rows["public.acct"] >= 400
     assert len(replica["public.acct"]) == pg.execute("SELECT count(*) FROM acct")[0][0]
 
@@ -142,7 +151,9 @@ def test_setup_cli_status_and_rerun(pg: Database, tmp_path: Path) -> None:
         "public.empty": (1, 0),
     }
     assert pipe.batch_starts() == []  # the snapshot is a batch of table segments only
-    assert sorted(p.name for p in Path(pipe.changelog, "tables", "public.t").iterdir()) == ["0000000000000000-0000.parquet"]
+    assert sorted(p.name for p in Path(pipe.changelog, "tables", "public.t").iterdir()) == [
+        "0000000000000000-0000.parquet"
+    ]
     assert not Path(pipe.changelog, "_setup.json").exists()
     replica = pipe.assert_mirrors()
     assert replica["public.empty"].columns == ("id", "x") and len(replica["public.empty"]) == 0
@@ -185,7 +196,12 @@ def test_setup_cli_status_and_rerun(pg: Database, tmp_path: Path) -> None:
     pipe.assert_mirrors()
     status = pipe.cli("status", "--json").json
     ends = pipe.reader.transactions().column("end_lsn").to_pylist()
-    assert status["checkpoint_lsn"] == status["slot"]["confirmed_flush_lsn"] == format_lsn(after.lsn) == format_lsn(ends[-1])
+    assert (
+        status["checkpoint_lsn"]
+        == status["slot"]["confirmed_flush_lsn"]
+        == format_lsn(after.lsn)
+        == format_lsn(ends[-1])
+    )
     assert status["snapshot_lsn"] == lsn
     assert {n: (t["last_change_lsn"], t["schema_version"]) for n, t in status["tables"].items()} == {
         "public.t": (format_lsn(ends[1]), 1),
@@ -195,7 +211,9 @@ def test_setup_cli_status_and_rerun(pg: Database, tmp_path: Path) -> None:
     assert text.returncode == 0 and f"change log: checkpoint {format_lsn(after.lsn)} (snapshot at {lsn})" in text.stdout
 
     # The source unreachable: status still reports the change log, and says why.
-    unreachable = pipe.cli("status", "--json", env={**pipe.environ, "CDC_SOURCE_DSN": "host=127.0.0.1 port=1 dbname=x connect_timeout=5"})
+    unreachable = pipe.cli(
+        "status", "--json", env={**pipe.environ, "CDC_SOURCE_DSN": "host=127.0.0.1 port=1 dbname=x connect_timeout=5"}
+    )
     assert unreachable.returncode == 0, unreachable.stderr
     assert unreachable.json["source_error"].startswith("cannot connect to the source database (status)")
     assert unreachable.json["slot"]["exists"] is False and unreachable.json["checkpoint_lsn"] == format_lsn(after.lsn)
@@ -295,7 +313,9 @@ def test_setup_with_the_slot_gone(pg: Database, tmp_path: Path) -> None:
     pipe.setup()
     pg.execute("SELECT pg_drop_replication_slot('cdc_slot')")
     before = pipe.checkpoint_bytes()
-    with pytest.raises(CdcError, match=r"replication slot cdc_slot does not exist, but the change log at .* was set up"):
+    with pytest.raises(
+        CdcError, match=r"replication slot cdc_slot does not exist, but the change log at .* was set up"
+    ):
         pipe.setup()
     assert pipe.checkpoint_bytes() == before and pipe.confirmed_flush() is None
     assert json.loads(before)["lsn"] == pipe.checkpoint().lsn

@@ -539,9 +539,7 @@ def test_snapshot_text_matches_pgoutput_text(pg_any: Database) -> None:
     with connect(source, purpose="test") as conn:
         assert conn.execute("SELECT ts::text FROM typed WHERE id = 1").fetchone()[0] == "01/06/2024 06:00:00.5 EDT"
         sent = sorted(
-            m.new_tuple.values
-            for _, m in peek_messages(conn, observer, pg_any.version)
-            if isinstance(m, InsertMessage)
+            m.new_tuple.values for _, m in peek_messages(conn, observer, pg_any.version) if isinstance(m, InsertMessage)
         )
     assert copied == sent
     assert copied[0][1:5] == (b"t", b"ab  ", b"10.0.0.1", b"2024-06-01 10:00:00.5+00")
@@ -812,7 +810,9 @@ def test_peek_child_exits_with_its_parent(pg: Database) -> None:
     )
     parent = subprocess.Popen(
         [sys.executable, "-c", script, pg.dsn, source.slot, str(pg.version)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert parent.stdout is not None

@@ -206,7 +206,9 @@ class Browser:
         assert "errorText" not in result, result
 
     def text(self) -> str:
-        result = self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''", returnByValue=True)
+        result = self.call(
+            "Runtime.evaluate", expression="document.body ? document.body.innerText : ''", returnByValue=True
+        )
         return result["result"].get("value", "")
 
     def links(self) -> list[str]:

@@ -313,7 +313,9 @@ def test_wide_decimal_numeric() -> None:
     texts = ["12345678901234567890.0123456789", "-0.0000000001", "0.0000000000"]
     expected = [Decimal(t) for t in texts]
     assert values_of(types.NUMERIC, [t.encode() for t in texts], False, modifier=numeric_modifier(30, 10)) == expected
-    assert values_of(types.NUMERIC, [numeric_send(t) for t in texts], True, modifier=numeric_modifier(30, 10)) == expected
+    assert (
+        values_of(types.NUMERIC, [numeric_send(t) for t in texts], True, modifier=numeric_modifier(30, 10)) == expected
+    )
 
 
 @pytest.mark.parametrize(
@@ -348,8 +350,12 @@ def test_malformed_numeric() -> None:
     assert_decode_error(types.NUMERIC, [b"Nope"], False, 0, "numeric")
     assert_decode_error(types.NUMERIC, [b"Nope"], False, 0, modifier=numeric_modifier(10, 2))
     assert_decode_error(types.NUMERIC, [b"123456789.00"], False, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2))
-    assert_decode_error(types.NUMERIC, [numeric_send("123456789.00")], True, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2))
-    assert_decode_error(types.NUMERIC, [numeric_send("1.234")], True, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2))
+    assert_decode_error(
+        types.NUMERIC, [numeric_send("123456789.00")], True, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2)
+    )
+    assert_decode_error(
+        types.NUMERIC, [numeric_send("1.234")], True, 0, "numeric(10,2)", modifier=numeric_modifier(10, 2)
+    )
     assert_decode_error(types.NUMERIC, [numeric_send("1"), b"\x00\x01\x00"], True, 1, "header")
     assert_decode_error(types.NUMERIC, [numeric_send("1")[:-1]], True, 0, "digit count")
     assert_decode_error(types.NUMERIC, [be("hhHhH", 1, 0, 0x1234, 0, 1)], True, 0, "sign")

@@ -93,7 +93,9 @@ def write_plan(
         exists = True
     if plan.mode == "keyed" and plan.has_unresolved:
         if plan.truncate or not exists:
-            raise ApplyError(f"{plan.relation.qualified_name}: unchanged TOAST values to fill, but no table to fill from")
+            raise ApplyError(
+                f"{plan.relation.qualified_name}: unchanged TOAST values to fill, but no table to fill from"
+            )
         source = _fill_unresolved(source, target.read(), plan, [f.name for f in columns])
     if row_filter:
         source = source.withColumn(MATCH, F.coalesce(F.expr(row_filter), F.lit(False)))
@@ -146,7 +148,9 @@ def _fill_unresolved(source: DataFrame, table: DataFrame, plan: ChangePlan, name
         condition = condition & F.col(f"s.{FILL_KEY}.{_q(key)}").eqNullSafe(F.col(f"t.{_q(key)}"))
     joined = s.join(t, condition, "left")
     filled = [
-        F.when(F.array_contains(F.col(f"s.{UNRESOLVED}"), name), F.col(f"t.{_q(name)}")).otherwise(F.col(f"s.{_q(name)}")).alias(name)
+        F.when(F.array_contains(F.col(f"s.{UNRESOLVED}"), name), F.col(f"t.{_q(name)}"))
+        .otherwise(F.col(f"s.{_q(name)}"))
+        .alias(name)
         for name in names
     ]
     rest = [F.col(f"s.{_q(c)}") for c in source.columns if c not in names]
@@ -189,7 +193,13 @@ def _key_bounds(plan: ChangePlan) -> Column | None:
     """
     name = plan.key[0]
     column = plan.rows.column(name)
-    ordered = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_date32, pa.types.is_decimal)
+    ordered = (
+        pa.types.is_integer,
+        pa.types.is_string,
+        pa.types.is_large_string,
+        pa.types.is_date32,
+        pa.types.is_decimal,
+    )
     if not any(test(column.type) for test in ordered) or column.null_count or not len(column):
         return None
     bounds = pc.min_max(column)
@@ -207,8 +217,10 @@ def _merge_multiset(
         source = source.filter(F.col(MATCH))
     table = target.read()
     existing = (
-        table.alias("t").join(source.select(*names).alias("s"), F.expr(_null_safe("t", "s", names)), "left_semi")
-        .groupBy(*names).count()
+        table.alias("t")
+        .join(source.select(*names).alias("s"), F.expr(_null_safe("t", "s", names)), "left_semi")
+        .groupBy(*names)
+        .count()
     )
     final = source.alias("s").join(existing.alias("e"), F.expr(_null_safe("s", "e", names)), "left")
     final = final.select(
@@ -221,7 +233,9 @@ def _merge_multiset(
             " the table is out of step with the log (rebuild it)"
         )
     keep = F.col("_cdc_final") > 0
-    deletes = final.select(*names, *[F.lit(None).alias(c) for c in columns if c not in names]).withColumn(KIND, F.lit("delete"))
+    deletes = final.select(*names, *[F.lit(None).alias(c) for c in columns if c not in names]).withColumn(
+        KIND, F.lit("delete")
+    )
     inserts = (
         final.filter(keep)
         .withColumn("_cdc_copy", F.explode(F.sequence(F.lit(1), F.col("_cdc_final"))))

@@ -107,7 +107,6 @@ def plan_changes(
     return _keyed_plan(events, relation.key_columns)
 
 
-
 def fill_from_history(plan: ChangePlan, history: ChangePlan) -> ChangePlan:
     """``plan`` with its unresolved columns taken from ``history``, the plan of the table's whole
     change log up to the same LSN (which starts from the snapshot, so it resolves every value).
@@ -124,7 +123,9 @@ def fill_from_history(plan: ChangePlan, history: ChangePlan) -> ChangePlan:
     names = [c.name for c in plan.relation.columns]
     unresolved = rows.column(UNRESOLVED).combine_chunks()
     known = history.rows.filter(pc.equal(history.rows.column(ACTION), UPSERT))
-    lookup = known.select(list(plan.key)).append_column("__history_row", pa.array(np.arange(known.num_rows), pa.int64()))
+    lookup = known.select(list(plan.key)).append_column(
+        "__history_row", pa.array(np.arange(known.num_rows), pa.int64())
+    )
     position = rows.select(list(plan.key)).append_column("__plan_row", pa.array(np.arange(rows.num_rows), pa.int64()))
     joined = _groupable(position).join(_groupable(lookup), list(plan.key), join_type="inner", use_threads=False)
     at = np.full(rows.num_rows, -1, dtype=np.int64)
@@ -146,10 +147,17 @@ def fill_from_history(plan: ChangePlan, history: ChangePlan) -> ChangePlan:
         rows = rows.set_column(index, rows.field(index), filled)
         for i in np.flatnonzero(mask):
             left[i] = [c for c in left[i] or () if c != name] or None
-    rows = rows.set_column(rows.column_names.index(UNRESOLVED), rows.schema.field(UNRESOLVED), pa.array(left, pa.list_(pa.string())))
-    fill_key = pc.if_else(pa.array([u is None for u in left]), pa.nulls(rows.num_rows, rows.schema.field(FILL_KEY).type), rows.column(FILL_KEY))
+    rows = rows.set_column(
+        rows.column_names.index(UNRESOLVED), rows.schema.field(UNRESOLVED), pa.array(left, pa.list_(pa.string()))
+    )
+    fill_key = pc.if_else(
+        pa.array([u is None for u in left]),
+        pa.nulls(rows.num_rows, rows.schema.field(FILL_KEY).type),
+        rows.column(FILL_KEY),
+    )
     rows = rows.set_column(rows.column_names.index(FILL_KEY), rows.schema.field(FILL_KEY), fill_key)
     return replace(plan, rows=rows)
+
 
 # -- the records, flattened to the latest schema ---------------------------------------------------
 
@@ -225,7 +233,9 @@ def _unchanged_keys_from_old(
             position = new.column_names.index(name)
             filled = pc.if_else(pa.array(mask), old.column(name), new.column(name))
             new = new.set_column(position, new.field(position), filled)
-    rest = [[c for c in names if c not in taken] or None if names else names for names, taken in zip(unchanged, from_old)]
+    rest = [
+        [c for c in names if c not in taken] or None if names else names for names, taken in zip(unchanged, from_old)
+    ]
     return new, rest
 
 
@@ -276,7 +286,9 @@ def _flatten(column: pa.ChunkedArray, names: list[str], types: dict[str, pa.Data
             try:
                 child = child.cast(types[name])
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-                raise PlanError(f"column {name}: cannot convert {child.type} values to {types[name]}: {error}") from None
+                raise PlanError(
+                    f"column {name}: cannot convert {child.type} values to {types[name]}: {error}"
+                ) from None
         if struct.null_count:
             child = pc.if_else(absent, pa.nulls(len(child), child.type), child)
         arrays.append(child)
@@ -294,7 +306,14 @@ def _append_plan(events: _Events) -> ChangePlan:
     rows = np.flatnonzero(np.isin(events.ops, ["insert", "snapshot"]))
     table = _with_metadata(events.new.take(pa.array(rows, pa.int64())), events.lsn[rows], events.take_times(rows))
     return ChangePlan(
-        events.relation, "append", (), events.truncate, table, events.record_count, events.last_lsn, {"inserts": len(rows)}
+        events.relation,
+        "append",
+        (),
+        events.truncate,
+        table,
+        events.record_count,
+        events.last_lsn,
+        {"inserts": len(rows)},
     )
 
 
@@ -329,7 +348,9 @@ def _keyed_plan(events: _Events, key: tuple[str, ...]) -> ChangePlan:
     actions = rows.column(ACTION)
     upserts = int(pc.sum(pc.equal(actions, UPSERT)).as_py() or 0)
     counts = {"upserts": upserts, "deletes": rows.num_rows - upserts}
-    return ChangePlan(events.relation, "keyed", key, events.truncate, rows, events.record_count, events.last_lsn, counts)
+    return ChangePlan(
+        events.relation, "keyed", key, events.truncate, rows, events.record_count, events.last_lsn, counts
+    )
 
 
 def _keyed_schema(events: _Events, key: tuple[str, ...]) -> pa.Schema:
@@ -401,7 +422,9 @@ def _images_with_old_toast(events: _Events, rows: np.ndarray) -> pa.Table:
     columns = []
     for name in image.column_names:
         mask = np.array([name in names for names in names_by_row], dtype=bool)
-        columns.append(pc.if_else(pa.array(mask), old.column(name), image.column(name)) if mask.any() else image.column(name))
+        columns.append(
+            pc.if_else(pa.array(mask), old.column(name), image.column(name)) if mask.any() else image.column(name)
+        )
     return pa.table(columns, names=image.column_names)
 
 
@@ -502,4 +525,6 @@ def _multiset_plan(events: _Events) -> ChangePlan:
     table = table.append_column(COPIES, pa.array(copies[changed], pa.int64()))
     table = _with_metadata(table, lsns[last], events.take_times(rows[last]))
     counts = {"inserts": int(copies[copies > 0].sum()), "deletes": int(-copies[copies < 0].sum())}
-    return ChangePlan(events.relation, "multiset", tuple(names), events.truncate, table, events.record_count, events.last_lsn, counts)
+    return ChangePlan(
+        events.relation, "multiset", tuple(names), events.truncate, table, events.record_count, events.last_lsn, counts
+    )

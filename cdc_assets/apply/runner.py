@@ -80,7 +80,9 @@ def apply_tables(
     return results
 
 
-def apply_table(config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int) -> TableApplied:
+def apply_table(
+    config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int
+) -> TableApplied:
     """Apply one table up to the checkpoint ``lsn``."""
     started = time.monotonic()
     name = str(table.name)
@@ -94,7 +96,10 @@ def apply_table(config: Config, table: TableConfig, spark: SparkSession, reader:
     if applied is not None and applied >= lsn:
         result.skipped = "up to date"
         return result
-    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_changes(name, after=-1 if applied is None else applied, upto=lsn)]
+    chunks = [
+        RecordChunk(c.relation, c.records)
+        for c in reader.read_changes(name, after=-1 if applied is None else applied, upto=lsn)
+    ]
     if not chunks or (applied is not None and sum(c.records.num_rows for c in chunks) == 0):
         result.skipped = "no changes"
         return result
@@ -111,7 +116,9 @@ def apply_table(config: Config, table: TableConfig, spark: SparkSession, reader:
     return result
 
 
-def rebuild_table(config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader | None = None) -> TableApplied:
+def rebuild_table(
+    config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader | None = None
+) -> TableApplied:
     """Rewrite one Delta table from the initial snapshot and every change since, up to the
     checkpoint, in one commit (time travel keeps the old versions)."""
     started = time.monotonic()
@@ -127,7 +134,9 @@ def rebuild_table(config: Config, table: TableConfig, spark: SparkSession, reade
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")
     counts = write_plan(target, plan, checkpoint.lsn, row_filter=table.row_filter, rebuild=True)
-    result = TableApplied(name, target.path, target.applied_lsn(), plan.records, counts.inserted, counts.updated, counts.deleted)
+    result = TableApplied(
+        name, target.path, target.applied_lsn(), plan.records, counts.inserted, counts.updated, counts.deleted
+    )
     result.delta_version = target.version()
     result.elapsed_s = time.monotonic() - started
     return result

@@ -18,7 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
 
-INTERVAL_TYPE = pa.struct([pa.field("months", pa.int32()), pa.field("days", pa.int32()), pa.field("microseconds", pa.int64())])
+INTERVAL_TYPE = pa.struct(
+    [pa.field("months", pa.int32()), pa.field("days", pa.int32()), pa.field("microseconds", pa.int64())]
+)
 
 
 def delta_arrow_type(arrow_type: pa.DataType) -> pa.DataType:
@@ -63,7 +65,9 @@ def to_delta_array(array: pa.Array) -> pa.Array:
         if target.equals(kind):
             return array
         children = [to_delta_array(array.field(i)) for i in range(kind.num_fields)]
-        return pa.StructArray.from_arrays(children, fields=list(target), mask=array.is_null() if array.null_count else None)
+        return pa.StructArray.from_arrays(
+            children, fields=list(target), mask=array.is_null() if array.null_count else None
+        )
     target = delta_arrow_type(kind)
     return array if target.equals(kind) else array.cast(target)
 
@@ -121,8 +125,7 @@ def _timetz_text(array: pa.StructArray) -> pa.Array:
     hours, rest = np.divmod(magnitude, 3600)
     minutes, seconds = np.divmod(rest, 60)
     zone = [
-        f"{s}{h:02d}:{m:02d}" + (f":{sec:02d}" if sec else "")
-        for s, h, m, sec in zip(sign, hours, minutes, seconds)
+        f"{s}{h:02d}:{m:02d}" + (f":{sec:02d}" if sec else "") for s, h, m, sec in zip(sign, hours, minutes, seconds)
     ]
     text = pc.binary_join_element_wise(time_text, pa.array(zone, pa.string()), "")
     return pc.if_else(array.is_valid(), text, pa.nulls(len(array), pa.string()))

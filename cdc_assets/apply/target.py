@@ -109,7 +109,9 @@ class DeltaTarget:
         wanted = {f.name: f.type for f in columns}
         add = [(name, kind) for name, kind in wanted.items() if name not in current]
         drop = [name for name in current if name not in wanted and name not in METADATA_COLUMNS]
-        retype = [(name, kind) for name, kind in wanted.items() if name in current and spark_type(kind) != current[name]]
+        retype = [
+            (name, kind) for name, kind in wanted.items() if name in current and spark_type(kind) != current[name]
+        ]
         order = list(wanted)
         after = {name: order[order.index(name) - 1] if order.index(name) else None for name, _ in add}
         return SchemaChange(add, drop, retype, after)

@@ -96,13 +96,21 @@ class Checkpoint:
             snapshot_lsn=data.get("snapshot_lsn"),
             snapshot_time_us=data.get("snapshot_time_us"),
             tables={
-                name: TableState(int(s["last_change_lsn"]), int(s["schema_version"]), RelationSchema.from_json(s["relation"]))
+                name: TableState(
+                    int(s["last_change_lsn"]), int(s["schema_version"]), RelationSchema.from_json(s["relation"])
+                )
                 for name, s in data.get("tables", {}).items()
             },
             prepared={
                 gid: PreparedEntry(
-                    gid, int(p["xid"]), int(p["prepare_lsn"]), int(p["end_lsn"]), int(p["prepare_time_us"]),
-                    str(p["folder"]), p.get("origin"), p.get("origin_lsn"),
+                    gid,
+                    int(p["xid"]),
+                    int(p["prepare_lsn"]),
+                    int(p["end_lsn"]),
+                    int(p["prepare_time_us"]),
+                    str(p["folder"]),
+                    p.get("origin"),
+                    p.get("origin_lsn"),
                 )
                 for gid, p in data.get("prepared", {}).items()
             },

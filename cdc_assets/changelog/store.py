@@ -46,14 +46,14 @@ class LogStore:
         selector = pafs.FileSelector(self.path(folder), allow_not_found=True, recursive=False)
         infos = self.fs.get_file_info(selector)
         prefix = self.path("") + "/"
-        return sorted(i.path[len(prefix):] for i in infos if i.type == pafs.FileType.File)
+        return sorted(i.path[len(prefix) :] for i in infos if i.type == pafs.FileType.File)
 
     def folders(self, folder: str) -> list[str]:
         """Names of the folders directly inside ``folder``."""
         selector = pafs.FileSelector(self.path(folder), allow_not_found=True, recursive=False)
         infos = self.fs.get_file_info(selector)
         prefix = self.path("") + "/"
-        return sorted(i.path[len(prefix):] for i in infos if i.type == pafs.FileType.Directory)
+        return sorted(i.path[len(prefix) :] for i in infos if i.type == pafs.FileType.Directory)
 
     def read_bytes(self, name: str) -> bytes | None:
         """The file's contents, or None if it does not exist."""

@@ -150,8 +150,14 @@ class BatchWriter:
             ]
             self._write_file(f"{folder}/messages.parquet", pa.Table.from_pylist(rows), None, None)
         self._prepared[transaction.gid] = PreparedEntry(
-            transaction.gid, transaction.xid, transaction.prepare_lsn, transaction.end_lsn,
-            transaction.prepare_time_us, folder, transaction.origin, transaction.origin_lsn,
+            transaction.gid,
+            transaction.xid,
+            transaction.prepare_lsn,
+            transaction.end_lsn,
+            transaction.prepare_time_us,
+            folder,
+            transaction.origin,
+            transaction.origin_lsn,
         )
 
     def commit_prepared(self, gid: str, info: CommitInfo) -> None:
@@ -250,7 +256,9 @@ class BatchWriter:
         if not segment.buffered:
             return
         table = to_storage(pa.Table.from_batches(segment.buffered))
-        self._pending.append((segment, self._encoder.submit(segment.writer.write_table, table, row_group_size=len(table))))
+        self._pending.append(
+            (segment, self._encoder.submit(segment.writer.write_table, table, row_group_size=len(table)))
+        )
         segment.rows += len(table)
         segment.buffered, segment.buffered_rows = [], 0
         while len(self._pending) > MAX_PENDING_ROW_GROUPS:
@@ -282,8 +290,14 @@ class BatchWriter:
     def _message(self, message: LogicalDecodingMessage, info: CommitInfo, position: int) -> None:
         self._messages.append(
             {
-                "lsn": message.lsn, "transactional": True, "prefix": message.prefix, "content": message.content,
-                "commit_lsn": info.commit_lsn, "end_lsn": info.end_lsn, "xid": info.xid, "position": position,
+                "lsn": message.lsn,
+                "transactional": True,
+                "prefix": message.prefix,
+                "content": message.content,
+                "commit_lsn": info.commit_lsn,
+                "end_lsn": info.end_lsn,
+                "xid": info.xid,
+                "position": position,
                 "commit_time": info.commit_time_us,
             }
         )
@@ -298,6 +312,7 @@ class BatchWriter:
         self._resolved_prepared.append(entry.folder)
         return entry
 
+
 class _TransactionLog:
     """The batch's committed transactions, as columns of the transactions log."""
 
@@ -308,7 +323,16 @@ class _TransactionLog:
         return bool(self.columns["end_lsn"])
 
     def add(self, info: CommitInfo, changes: int) -> None:
-        values = (info.commit_lsn, info.end_lsn, info.xid, info.commit_time_us, changes, info.origin, info.origin_lsn, info.gid)
+        values = (
+            info.commit_lsn,
+            info.end_lsn,
+            info.xid,
+            info.commit_time_us,
+            changes,
+            info.origin,
+            info.origin_lsn,
+            info.gid,
+        )
         for column, value in zip(self.columns.values(), values):
             column.append(value)
 
@@ -325,8 +349,10 @@ class _TransactionLog:
             self.columns[name].extend([None] * count)
 
     def table(self) -> pa.Table:
-        arrays = {name: pa.array(values, pa.int64() if name == "commit_time" else TRANSACTION_SCHEMA.field(name).type)
-                  for name, values in self.columns.items()}
+        arrays = {
+            name: pa.array(values, pa.int64() if name == "commit_time" else TRANSACTION_SCHEMA.field(name).type)
+            for name, values in self.columns.items()
+        }
         arrays["commit_time"] = arrays["commit_time"].cast(TRANSACTION_SCHEMA.field("commit_time").type)
         return pa.table(arrays, schema=TRANSACTION_SCHEMA)
 

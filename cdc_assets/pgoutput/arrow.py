@@ -36,7 +36,11 @@ SNAPSHOT = "snapshot"
 TRUNCATE = "truncate"
 
 TRUNCATE_TYPE = pa.struct(
-    [pa.field("relations", pa.list_(pa.string())), pa.field("cascade", pa.bool_()), pa.field("restart_identity", pa.bool_())]
+    [
+        pa.field("relations", pa.list_(pa.string())),
+        pa.field("cascade", pa.bool_()),
+        pa.field("restart_identity", pa.bool_()),
+    ]
 )
 SPECIAL_TYPE = pa.map_(pa.string(), pa.string())
 
@@ -56,11 +60,15 @@ class ChangeRecordBuilder:
         self.converters: list[ColumnConverter] = [
             column_converter(c.type_oid, c.type_modifier, catalog, max(c.ndims, 1)) for c in relation.columns
         ]
-        self.row_type = pa.struct([pa.field(c.name, conv.arrow_type) for c, conv in zip(relation.columns, self.converters)])
+        self.row_type = pa.struct(
+            [pa.field(c.name, conv.arrow_type) for c, conv in zip(relation.columns, self.converters)]
+        )
         self._names = pa.array([c.name for c in relation.columns], pa.string())
         self.schema = record_schema(self.row_type)
 
-    def changes(self, messages: Sequence[bytes], positions: np.ndarray, *, xid_prefixed: bool = False) -> pa.RecordBatch:
+    def changes(
+        self, messages: Sequence[bytes], positions: np.ndarray, *, xid_prefixed: bool = False
+    ) -> pa.RecordBatch:
         """Records for Insert/Update/Delete ``messages`` (all of this relation), at ``positions``."""
         return self._records(extract_changes(messages, len(self.converters), xid_prefixed=xid_prefixed), positions)
 
@@ -109,7 +117,9 @@ class ChangeRecordBuilder:
             schema=self.schema,
         )
 
-    def truncate(self, position: int, relations: Sequence[str], cascade: bool, restart_identity: bool) -> pa.RecordBatch:
+    def truncate(
+        self, position: int, relations: Sequence[str], cascade: bool, restart_identity: bool
+    ) -> pa.RecordBatch:
         """The record of a TRUNCATE that lists this relation among ``relations``."""
         return pa.RecordBatch.from_arrays(
             [
@@ -157,9 +167,7 @@ class ChangeRecordBuilder:
         offsets = np.zeros(count + 1, dtype=np.int32)
         np.cumsum(per_row, out=offsets[1:])
         has_any = per_row > 0
-        return pa.ListArray.from_arrays(
-            pa.array(offsets), self._names.take(pa.array(cols)), mask=pa.array(~has_any)
-        )
+        return pa.ListArray.from_arrays(pa.array(offsets), self._names.take(pa.array(cols)), mask=pa.array(~has_any))
 
 
 def record_schema(row_type: pa.StructType) -> pa.Schema:

@@ -369,8 +369,8 @@ class PgoutputDecoder:
 
     def _rollback_prepared(self, data: bytes) -> RollbackPreparedMessage:
         _need(data, 1, _ROLLBACK_PREPARED.size)
-        flags, prepare_end_lsn, rollback_end_lsn, prepare_time, rollback_time, xid = (
-            _ROLLBACK_PREPARED.unpack_from(data, 1)
+        flags, prepare_end_lsn, rollback_end_lsn, prepare_time, rollback_time, xid = _ROLLBACK_PREPARED.unpack_from(
+            data, 1
         )
         _no_flags(flags, 1)
         gid, pos = _string(data, 1 + _ROLLBACK_PREPARED.size)

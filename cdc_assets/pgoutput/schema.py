@@ -81,7 +81,13 @@ class RelationSchema:
             "name": self.name,
             "replica_identity": self.replica_identity,
             "columns": [
-                {"name": c.name, "type_oid": c.type_oid, "type_modifier": c.type_modifier, "key": c.is_key, "ndims": c.ndims}
+                {
+                    "name": c.name,
+                    "type_oid": c.type_oid,
+                    "type_modifier": c.type_modifier,
+                    "key": c.is_key,
+                    "ndims": c.ndims,
+                }
                 for c in self.columns
             ],
         }
@@ -94,7 +100,9 @@ class RelationSchema:
             name=str(data["name"]),
             replica_identity=str(data["replica_identity"]),
             columns=tuple(
-                ColumnSchema(str(c["name"]), int(c["type_oid"]), int(c["type_modifier"]), bool(c["key"]), int(c["ndims"]))
+                ColumnSchema(
+                    str(c["name"]), int(c["type_oid"]), int(c["type_modifier"]), bool(c["key"]), int(c["ndims"])
+                )
                 for c in data["columns"]
             ),
         )

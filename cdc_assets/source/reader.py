@@ -219,9 +219,7 @@ class SlotReader:
         }
         blocks: queue.Queue[PeekFrameBlock | ChildError | BaseException | None] = queue.Queue(maxsize=PREFETCH_BLOCKS)
         stop = threading.Event()
-        receiver = threading.Thread(
-            target=_receive, args=(child, request, blocks, stop), name="slot-peek", daemon=True
-        )
+        receiver = threading.Thread(target=_receive, args=(child, request, blocks, stop), name="slot-peek", daemon=True)
         receiver.start()
         lsn: int | None = None
         finished = False
@@ -274,9 +272,7 @@ class SlotReader:
         return diagnose(self._conn, error, slot=self._config.slot, publication=self._config.publication, lsn=lsn)
 
 
-def _receive(
-    child: PeekChild, request: dict[str, Any], blocks: queue.Queue[Any], stop: threading.Event
-) -> None:
+def _receive(child: PeekChild, request: dict[str, Any], blocks: queue.Queue[Any], stop: threading.Event) -> None:
     try:
         for block in child.peek(request):
             _offer(blocks, block, stop)

@@ -112,10 +112,16 @@ def run_demo(folder: Path, *, force: bool = False, out: Callable[[str], None] = 
                 for count in ("inserted", "updated", "deleted"):
                     totals[table][count] += int(event.materialization.metadata[count].value)  # type: ignore[arg-type]
         out("checking every table against its source (asset checks: parity, lag)")
-        checks = _execute(defs, instance, [mirror_key(config.table(t)) for t in TABLES], {"cdc/demo": "checks"}, checks_only=True)
-        verdicts = {".".join(e.asset_key.path[1:]): e for e in checks.get_asset_check_evaluations() if e.check_name == "parity"}
+        checks = _execute(
+            defs, instance, [mirror_key(config.table(t)) for t in TABLES], {"cdc/demo": "checks"}, checks_only=True
+        )
+        verdicts = {
+            ".".join(e.asset_key.path[1:]): e for e in checks.get_asset_check_evaluations() if e.check_name == "parity"
+        }
         out("")
-        out(f"{'table':22} {'source rows':>12} {'delta rows':>11} {'inserted':>9} {'updated':>8} {'deleted':>8}  parity")
+        out(
+            f"{'table':22} {'source rows':>12} {'delta rows':>11} {'inserted':>9} {'updated':>8} {'deleted':>8}  parity"
+        )
         ok = True
         for table in TABLES:
             verdict = verdicts.get(table)
@@ -144,7 +150,18 @@ def open_ui(folder: Path, *, port: int = 3000, out: Callable[[str], None] = prin
     with ThrowawayCluster(root=cluster_root, keep=True) as pg:
         env = _environment(folder, pg)
         out(f"PostgreSQL on 127.0.0.1:{pg.port}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops both)")
-        command = [sys.executable, "-m", "dagster", "dev", "-m", "dagster_project.definitions", "-h", "127.0.0.1", "-p", str(port)]
+        command = [
+            sys.executable,
+            "-m",
+            "dagster",
+            "dev",
+            "-m",
+            "dagster_project.definitions",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ]
         try:
             return subprocess.run(command, env=env, cwd=folder, check=False).returncode
         except KeyboardInterrupt:
@@ -200,7 +217,9 @@ def _execute(
     checks_only: bool = False,
 ) -> dg.ExecuteInProcessResult:
     """Run ``keys`` (or only their checks) as a job in this process, recorded in ``instance``."""
-    selection = dg.AssetSelection.checks_for_assets(*keys) if checks_only else dg.AssetSelection.assets(*keys).without_checks()
+    selection = (
+        dg.AssetSelection.checks_for_assets(*keys) if checks_only else dg.AssetSelection.assets(*keys).without_checks()
+    )
     job = dg.define_asset_job(f"demo_{len(instance.get_run_records()) + 1}", selection=selection, tags=tags)
     resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def(job.name)
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}

@@ -88,11 +88,18 @@ def _env(dsn: str, fault: str | None) -> dict[str, str]:
     return env
 
 
-def run_cli(config: Path, dsn: str, *args: str, fault: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    config: Path, dsn: str, *args: str, fault: str | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
     """``python -m cdc_assets <args> -c <config>`` to its end."""
     return subprocess.run(
         [sys.executable, "-m", "cdc_assets", *args, "-c", str(config)],
-        check=False, env=_env(dsn, fault), cwd=config.parent, capture_output=True, text=True, timeout=timeout,
+        check=False,
+        env=_env(dsn, fault),
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -105,7 +112,9 @@ def drain_to_end(config: Path, dsn: str, slot: str, timeout: float = 60) -> subp
         checkpoint = ChangeLogReader(str(config.parent / "changelog")).checkpoint()
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 30
-            while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'cdc-assets:%'").fetchone()[0]:
+            while conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'cdc-assets:%'"
+            ).fetchone()[0]:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
@@ -124,7 +133,11 @@ def drain_to_end(config: Path, dsn: str, slot: str, timeout: float = 60) -> subp
 def start_drain(config: Path, dsn: str, fault: str | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "cdc_assets", "drain", "-c", str(config)],
-        env=_env(dsn, fault), cwd=config.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=_env(dsn, fault),
+        cwd=config.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -240,7 +253,8 @@ class Workload:
         updated = self._sample(rng.randint(20, 80) if large else rng.randint(0, 2))
         if updated:
             cur.execute(
-                "UPDATE events SET version = version + 1, payload = %s WHERE id = ANY(%s)", (f"updated by {seq}", updated)
+                "UPDATE events SET version = version + 1, payload = %s WHERE id = ANY(%s)",
+                (f"updated by {seq}", updated),
             )
             changes += cur.rowcount
         deleted = [i for i in self._sample(rng.randint(10, 40) if large else rng.randint(0, 1)) if i not in updated]
@@ -445,8 +459,8 @@ class LogTracker:
             first = next(i for i, (a, b) in enumerate(zip(self.seen, known)) if a != b)
             raise AssertionError(
                 f"the change log diverges from the commit order at transaction #{first}: log xid {self.seen[first]},"
-                f" writer xid {known[first]} (log {self.seen[max(0, first - 3): first + 3]},"
-                f" writer {known[max(0, first - 3): first + 3]})"
+                f" writer xid {known[first]} (log {self.seen[max(0, first - 3) : first + 3]},"
+                f" writer {known[max(0, first - 3) : first + 3]})"
             )
         return added
 
@@ -477,7 +491,9 @@ def verify_log(root: Path, dsn: str, slot: str, workload: Workload) -> Verified:
     commits = txns.column("commit_lsn").to_pylist() if txns.num_rows else []
     expected = [c.xid for c in committed]
     duplicated = {x: n for x, n in Counter(xids).items() if n > 1}
-    assert not duplicated, f"{len(duplicated)} transactions are in the log more than once, e.g. {list(duplicated.items())[:5]}"
+    assert not duplicated, (
+        f"{len(duplicated)} transactions are in the log more than once, e.g. {list(duplicated.items())[:5]}"
+    )
     missing = set(expected) - set(xids)
     assert not missing, f"{len(missing)} committed transactions are not in the log, e.g. xids {sorted(missing)[:10]}"
     extra = set(xids) - set(expected)
@@ -503,7 +519,9 @@ def verify_log(root: Path, dsn: str, slot: str, workload: Workload) -> Verified:
         rows: dict[Any, dict[str, Any]] = {}
         previous = (-1, -1)
         for chunk in reader.read_changes(table):
-            records = chunk.records.select(["_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_xid", "_cdc_position", "_cdc_op", "new", "old"])
+            records = chunk.records.select(
+                ["_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_xid", "_cdc_position", "_cdc_op", "new", "old"]
+            )
             for r in records.to_pylist():
                 order = (r["_cdc_commit_lsn"], r["_cdc_position"])
                 assert order > previous, f"{table}: change records out of order: {previous} then {order}"
@@ -511,7 +529,9 @@ def verify_log(root: Path, dsn: str, slot: str, workload: Workload) -> Verified:
                 op, new, old = r["_cdc_op"], r["new"], r["old"]
                 if op != "snapshot":
                     xid = r["_cdc_xid"]
-                    assert xid in end_of, f"{table}: a change of transaction {xid}, which is not in the transactions log"
+                    assert xid in end_of, (
+                        f"{table}: a change of transaction {xid}, which is not in the transactions log"
+                    )
                     assert r["_cdc_end_lsn"] == end_of[xid], f"{table}: change of {xid} with a different end LSN"
                     per_xid[xid] += 1
                 key = "id" if table == EVENTS else "seq"
@@ -564,7 +584,9 @@ def verify_log(root: Path, dsn: str, slot: str, workload: Workload) -> Verified:
     transactional = [m for m in rows if m["transactional"]]
     plain = [m for m in rows if not m["transactional"]]
     got = Counter(int(m["content"]) for m in transactional)
-    assert all(n == 1 for n in got.values()), f"transactional messages logged twice: {[s for s, n in got.items() if n > 1][:10]}"
+    assert all(n == 1 for n in got.values()), (
+        f"transactional messages logged twice: {[s for s, n in got.items() if n > 1][:10]}"
+    )
     assert set(got) == set(workload.transactional_messages), (
         f"transactional messages: missing {sorted(set(workload.transactional_messages) - set(got))[:10]},"
         f" unexpected {sorted(set(got) - set(workload.transactional_messages))[:10]}"
@@ -631,5 +653,10 @@ run(["drain", "-c", sys.argv[1]])
 def run_drain_killed_in_checkpoint_replace(config: Path, dsn: str, n: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", _KILL_IN_REPLACE, str(config), str(n)],
-        check=False, env=_env(dsn, None), cwd=config.parent, capture_output=True, text=True, timeout=180,
+        check=False,
+        env=_env(dsn, None),
+        cwd=config.parent,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )

@@ -206,7 +206,9 @@ class DagsterEnv:
             cursor = None if fresh else self.cursors.get(sensor.name)
             context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)
             result = sensor.evaluate_tick(context)
-            ticks[table] = SensorTick(table, sensor, list(result.run_requests or []), result.skip_message, result.cursor)
+            ticks[table] = SensorTick(
+                table, sensor, list(result.run_requests or []), result.skip_message, result.cursor
+            )
             if not fresh and result.cursor is not None:
                 self.cursors[sensor.name] = result.cursor
         return ticks

@@ -39,7 +39,6 @@ METADATA = (LSN, COMMIT_TIME)
 Row = dict[str, Any]
 
 
-
 # -- Delta, two readers -----------------------------------------------------------------------------
 
 
@@ -58,6 +57,7 @@ def rust_table(path: str) -> pa.Table:
 
 def spark_rows(spark: Any, path: str) -> list[Row]:
     return spark_table(spark, path).to_pylist()
+
 
 def rust_rows(path: str) -> list[Row]:
     return rust_table(path).to_pylist()
@@ -126,7 +126,9 @@ def canonical(rows: Iterable[Row]) -> Counter[tuple[tuple[str, Any], ...]]:
     return Counter(tuple(sorted((k, freeze(v)) for k, v in row.items())) for row in rows)
 
 
-def difference(left: Sequence[Row], right: Sequence[Row], names: tuple[str, str] = ("left", "right"), limit: int = 12) -> str:
+def difference(
+    left: Sequence[Row], right: Sequence[Row], names: tuple[str, str] = ("left", "right"), limit: int = 12
+) -> str:
     """A readable multiset difference; empty when equal."""
     a, b = canonical(left), canonical(right)
     lines = []

@@ -103,7 +103,11 @@ class Mirror:
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "cdc_assets", *args, "-c", str(self.config_path)],
-            capture_output=True, text=True, cwd=ROOT, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=timeout,
+            check=False,
             env={**_environ(), DSN_VARIABLE: self.db.dsn},
         )
 
@@ -143,7 +147,9 @@ class Mirror:
         assert by_rust.column_names == by_spark.column_names, (by_spark.column_names, by_rust.column_names)
         return by_spark.column_names, spark_rows
 
-    def check(self, table: str, *, where: str | None = None, expected: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    def check(
+        self, table: str, *, where: str | None = None, expected: list[dict[str, Any]] | None = None
+    ) -> list[dict[str, Any]]:
         """Both readers agree; the data equals the source (``SELECT * [WHERE where]``) or
         ``expected``; the columns are the source's, in order, then the metadata columns; every
         row's ``_cdc_lsn`` is at most the applied LSN. Returns the rows (without metadata)."""
@@ -153,10 +159,14 @@ class Mirror:
             source = source_rows(conn, table, where)
             if expected is None:
                 expected = source
-            columns = [c for c, in conn.execute(
-                "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
-                " AND NOT attisdropped ORDER BY attnum", (TableName.parse(table).sql,),
-            ).fetchall()]
+            columns = [
+                c
+                for (c,) in conn.execute(
+                    "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0"
+                    " AND NOT attisdropped ORDER BY attnum",
+                    (TableName.parse(table).sql,),
+                ).fetchall()
+            ]
         problem = difference(data, expected, ("Delta", "the source" if expected is source else "the expected rows"))
         assert not problem, f"{table}: Delta differs:\n{problem}"
         assert in_delta == [*columns, LSN, COMMIT_TIME], f"{table}: Delta has columns {in_delta}, the source {columns}"

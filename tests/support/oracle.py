@@ -182,7 +182,9 @@ class _Record:
     version: int
 
 
-def replay(changelog: str | ChangeLogReader, tables: Iterable[str] | None = None, *, upto: int | None = None) -> Replica:
+def replay(
+    changelog: str | ChangeLogReader, tables: Iterable[str] | None = None, *, upto: int | None = None
+) -> Replica:
     """Replay ``tables`` (default: every table in the log) up to the checkpoint (or ``upto``)."""
     reader = changelog if isinstance(changelog, ChangeLogReader) else ChangeLogReader(changelog)
     checkpoint = reader.checkpoint()
@@ -206,8 +208,14 @@ def _records(reader: ChangeLogReader, table: str, upto: int | None) -> Iterator[
                     raise AssertionError(f"{table}: _cdc_special names {entry} but the record has no {image} image")
                 target[column] = Special(text)
             yield _Record(
-                columns["_cdc_commit_lsn"][i], columns["_cdc_position"][i], columns["_cdc_op"][i],
-                columns["_cdc_old_kind"][i], columns["_cdc_unchanged"][i], new, old, chunk.relation,
+                columns["_cdc_commit_lsn"][i],
+                columns["_cdc_position"][i],
+                columns["_cdc_op"][i],
+                columns["_cdc_old_kind"][i],
+                columns["_cdc_unchanged"][i],
+                new,
+                old,
+                chunk.relation,
                 chunk.schema_version,
             )
 
@@ -220,7 +228,9 @@ def _replay_table(
     order = [(r.commit_lsn, r.position) for r in records]
     if order != sorted(order):
         first = next(i for i in range(1, len(order)) if order[i] < order[i - 1])
-        anomalies.append(f"{name}: records out of commit order in the log at record {first}: {order[first - 1]} then {order[first]}")
+        anomalies.append(
+            f"{name}: records out of commit order in the log at record {first}: {order[first - 1]} then {order[first]}"
+        )
     for (lsn, position), count in Counter(order).items():
         if count > 1:
             anomalies.append(f"{name}: {count} records at commit LSN {lsn:X} position {position} (duplicated)")
@@ -377,7 +387,9 @@ def read_source_text(conn: psycopg.Connection[Any], name: TableName, where: str 
         if not described:
             raise AssertionError(f"table {name} does not exist in the source")
         catalog = TypeCatalog.of(load_type_catalog(conn, [oid for _, oid, _, _, _ in described]))
-        select = ", ".join(f'{output}("{column.replace(chr(34), chr(34) * 2)}")' for column, _, _, _, output in described)
+        select = ", ".join(
+            f'{output}("{column.replace(chr(34), chr(34) * 2)}")' for column, _, _, _, output in described
+        )
         cursor = conn.cursor(binary=True)
         cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
         fetched = cursor.execute(f"SELECT {select} FROM {name.sql}" + (f" WHERE {where}" if where else "")).fetchall()

@@ -47,7 +47,6 @@ METADATA_PREFIX = "_cdc_"
 MAX_LINES = 12
 
 
-
 @dataclass(slots=True)
 class TableParity:
     """One table's comparison: source rows, what each reader returned, and every difference."""
@@ -138,7 +137,12 @@ def multiset(table: pa.Table) -> Counter[tuple[Any, ...]]:
 
 
 def diff_multisets(
-    left: Counter[Any], right: Counter[Any], left_name: str, right_name: str, names: list[str], key: list[str] | None = None
+    left: Counter[Any],
+    right: Counter[Any],
+    left_name: str,
+    right_name: str,
+    names: list[str],
+    key: list[str] | None = None,
 ) -> list[str]:
     """Every row in one multiset and not the other; with ``key``, a row on each side under the
     same key is shown as the columns that differ."""
@@ -157,7 +161,8 @@ def diff_multisets(
                 del only_left[row]
                 changed = [
                     f"{n}: {left_name} {_short(a, 80)}, {right_name} {_short(b, 80)}"
-                    for n, a, b in zip(names, row, other) if a != b
+                    for n, a, b in zip(names, row, other)
+                    if a != b
                 ]
                 lines.append(f"key {dict(zip(key, (row[i] for i in index)))}: " + "; ".join(changed))
     for row, count in sorted(only_left.items(), key=repr):
@@ -205,7 +210,9 @@ def compare_table(
             result.spark_rows = got.num_rows
             readers["spark"] = multiset(got)
     if rust:
-        got, problems = conform(read_delta_rs(path, config.warehouse_storage_options or None), expected.schema, "delta-rs")
+        got, problems = conform(
+            read_delta_rs(path, config.warehouse_storage_options or None), expected.schema, "delta-rs"
+        )
         result.problems += problems
         if got is not None:
             result.rust_rows = got.num_rows

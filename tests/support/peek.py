@@ -223,7 +223,9 @@ def catalog_relation(conn: psycopg.Connection[Any], table: str) -> CatalogRelati
     return CatalogRelation(int(oid), namespace, name, ident, columns)
 
 
-def text_values(conn: psycopg.Connection[Any], table: str, columns: Sequence[str], where: str) -> list[tuple[bytes | None, ...]]:
+def text_values(
+    conn: psycopg.Connection[Any], table: str, columns: Sequence[str], where: str
+) -> list[tuple[bytes | None, ...]]:
     """Each column through its type's output function, as pgoutput's text mode sends it, as UTF-8
     bytes (None for NULL), under the session's settings; rows ordered by the first column.
 
@@ -239,7 +241,9 @@ def send_values(conn: psycopg.Connection[Any], table: str, where: str, order_by:
     rel = catalog_relation(conn, table)
     calls = []
     for column in rel.columns:
-        (send,) = conn.execute("SELECT typsend::regproc::text FROM pg_type WHERE oid = %s", (column.type_oid,)).fetchone()
+        (send,) = conn.execute(
+            "SELECT typsend::regproc::text FROM pg_type WHERE oid = %s", (column.type_oid,)
+        ).fetchone()
         calls.append(f"{send}({column.name})")
     rows = conn.execute(f"SELECT {', '.join(calls)} FROM {table} WHERE {where} ORDER BY {order_by}").fetchall()
     return [tuple(None if v is None else bytes(v) for v in row) for row in rows]

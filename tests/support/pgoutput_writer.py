@@ -56,8 +56,12 @@ def encode(message: Message) -> bytes:
                 body += pack(">Ii", column.type_oid, column.type_modifier)
             return head + body
         case TypeMessage():
-            return head + _xid(message.xid) + pack(">I", message.type_oid) + _string(message.namespace) + _string(
-                message.name
+            return (
+                head
+                + _xid(message.xid)
+                + pack(">I", message.type_oid)
+                + _string(message.namespace)
+                + _string(message.name)
             )
         case InsertMessage():
             return head + _xid(message.xid) + pack(">I", message.relation_oid) + b"N" + tuple_data(message.new_tuple)
@@ -106,32 +110,51 @@ def encode(message: Message) -> bytes:
                 body += pack(">Qq", message.abort_lsn, _micros(message.abort_time_us))
             return head + body
         case BeginPrepareMessage():
-            return head + pack(
-                ">QQqI", message.prepare_lsn, message.end_lsn, _micros(message.prepare_time_us), message.xid
-            ) + _string(message.gid)
+            return (
+                head
+                + pack(">QQqI", message.prepare_lsn, message.end_lsn, _micros(message.prepare_time_us), message.xid)
+                + _string(message.gid)
+            )
         case PrepareMessage() | StreamPrepareMessage():
-            return head + pack(
-                ">BQQqI",
-                message.flags,
-                message.prepare_lsn,
-                message.end_lsn,
-                _micros(message.prepare_time_us),
-                message.xid,
-            ) + _string(message.gid)
+            return (
+                head
+                + pack(
+                    ">BQQqI",
+                    message.flags,
+                    message.prepare_lsn,
+                    message.end_lsn,
+                    _micros(message.prepare_time_us),
+                    message.xid,
+                )
+                + _string(message.gid)
+            )
         case CommitPreparedMessage():
-            return head + pack(
-                ">BQQqI", message.flags, message.commit_lsn, message.end_lsn, _micros(message.commit_time_us), message.xid
-            ) + _string(message.gid)
+            return (
+                head
+                + pack(
+                    ">BQQqI",
+                    message.flags,
+                    message.commit_lsn,
+                    message.end_lsn,
+                    _micros(message.commit_time_us),
+                    message.xid,
+                )
+                + _string(message.gid)
+            )
         case RollbackPreparedMessage():
-            return head + pack(
-                ">BQQqqI",
-                message.flags,
-                message.prepare_end_lsn,
-                message.rollback_end_lsn,
-                _micros(message.prepare_time_us),
-                _micros(message.rollback_time_us),
-                message.xid,
-            ) + _string(message.gid)
+            return (
+                head
+                + pack(
+                    ">BQQqqI",
+                    message.flags,
+                    message.prepare_end_lsn,
+                    message.rollback_end_lsn,
+                    _micros(message.prepare_time_us),
+                    _micros(message.rollback_time_us),
+                    message.xid,
+                )
+                + _string(message.gid)
+            )
     raise TypeError(f"not a pgoutput message: {message!r}")
 
 

@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition", interval: float = 0.02) -> Any:
+def wait_until(
+    condition: Callable[[], object], timeout: float = 30.0, what: str = "condition", interval: float = 0.02
+) -> Any:
     """Poll ``condition`` until it returns something true and return that (the poll interval is
     no synchronisation: the test proceeds on the condition, not on time)."""
     deadline = time.monotonic() + timeout
@@ -107,7 +109,12 @@ class Pipeline:
     def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> CliResult:
         """``python -m cdc_assets <args> -c <config>`` in a subprocess."""
         done = subprocess.run(
-            self.cli_command(*args), capture_output=True, text=True, env=env or self.environ, cwd=ROOT, timeout=timeout,
+            self.cli_command(*args),
+            capture_output=True,
+            text=True,
+            env=env or self.environ,
+            cwd=ROOT,
+            timeout=timeout,
             check=False,
         )
         return CliResult(done.returncode, done.stdout, done.stderr)
@@ -117,8 +124,12 @@ class Pipeline:
 
     def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            self.cli_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=env or self.environ, cwd=ROOT,
+            self.cli_command(*args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env or self.environ,
+            cwd=ROOT,
         )
 
     # -- looking -------------------------------------------------------------------------
@@ -147,6 +158,4 @@ class Pipeline:
 
     def batch_starts(self) -> list[int]:
         """Batch start LSNs of the transaction files, in log order."""
-        return sorted(
-            int(p.name.split("-")[0], 16) for p in (Path(self.changelog) / "transactions").glob("*.parquet")
-        )
+        return sorted(int(p.name.split("-")[0], 16) for p in (Path(self.changelog) / "transactions").glob("*.parquet"))

@@ -60,7 +60,7 @@ from psycopg.types.json import Jsonb
 TABLES = ("kinds", "docs", "parent", "child", "bag", "coded", "events", "orders")
 ROW_FILTER = "status <> 'draft' AND amount > 10"
 FILTERED = {"orders": ROW_FILTER}
-MOODS = ("sad", "ok", "happy", "très bien", "a'b \"c\"")
+MOODS = ("sad", "ok", "happy", "très bien", 'a\'b "c"')
 BODY_CHARS = 20_000  # ~20 kB: 625 md5 digests
 
 DDL = """
@@ -190,8 +190,16 @@ class Workload:
         """Initial rows (autocommit inserts) so the snapshot has content in every table; they are
         not counted as operations (the snapshot copies them; no change records)."""
         for _ in range(rows):
-            for op in (self._insert_kinds, self._insert_docs, self._insert_parent, self._insert_child,
-                       self._insert_bag, self._insert_coded, self._insert_events, self._insert_orders):
+            for op in (
+                self._insert_kinds,
+                self._insert_docs,
+                self._insert_parent,
+                self._insert_child,
+                self._insert_bag,
+                self._insert_coded,
+                self._insert_events,
+                self._insert_orders,
+            ):
                 op()
         self.stats.__init__()
 
@@ -225,8 +233,16 @@ class Workload:
     def touch_all(self) -> None:
         """One transaction that changes every table (so every table has changes to apply)."""
         self._begin()
-        for op in (self._insert_kinds, self._insert_docs, self._insert_parent, self._insert_child,
-                   self._insert_bag, self._insert_coded, self._insert_events, self._insert_orders):
+        for op in (
+            self._insert_kinds,
+            self._insert_docs,
+            self._insert_parent,
+            self._insert_child,
+            self._insert_bag,
+            self._insert_coded,
+            self._insert_events,
+            self._insert_orders,
+        ):
             op()
         self._commit()
 
@@ -476,7 +492,9 @@ class Workload:
         values = self._kinds_values()
         columns = ", ".join(["id", *values])
         marks = ", ".join(["%s"] * (len(values) + 1))
-        self._dml("kinds", f"INSERT INTO {self.qualified('kinds')} ({columns}) VALUES ({marks})", (key, *values.values()))
+        self._dml(
+            "kinds", f"INSERT INTO {self.qualified('kinds')} ({columns}) VALUES ({marks})", (key, *values.values())
+        )
         self.model.kinds[key] = None
 
     def _update_kinds(self) -> None:
@@ -484,7 +502,9 @@ class Workload:
         values = self._kinds_values()
         chosen = self.rng.sample(list(values), self.rng.randint(1, 4))
         sets = ", ".join(f"{c} = %s" for c in chosen)
-        self._dml("kinds", f"UPDATE {self.qualified('kinds')} SET {sets} WHERE id = %s", (*[values[c] for c in chosen], key))
+        self._dml(
+            "kinds", f"UPDATE {self.qualified('kinds')} SET {sets} WHERE id = %s", (*[values[c] for c in chosen], key)
+        )
 
     def _delete_kinds(self) -> None:
         key = self._pick(self.model.kinds)
@@ -505,7 +525,8 @@ class Workload:
     def _insert_docs(self) -> None:
         key = self._new_key("docs")
         self._dml(
-            "docs", f"INSERT INTO {self.qualified('docs')} (id, version, title, body) VALUES (%s, 0, %s, %s)",
+            "docs",
+            f"INSERT INTO {self.qualified('docs')} (id, version, title, body) VALUES (%s, 0, %s, %s)",
             (key, self._maybe(self._word), self._body()),
         )
         self.model.docs[key] = None
@@ -514,12 +535,14 @@ class Workload:
         key = self._pick(self.model.docs)
         if self.rng.random() < 0.75:  # body unchanged: sent as 'u' when stored out of line
             self._dml(
-                "docs", f"UPDATE {self.qualified('docs')} SET version = version + 1, title = %s WHERE id = %s",
+                "docs",
+                f"UPDATE {self.qualified('docs')} SET version = version + 1, title = %s WHERE id = %s",
                 (self._maybe(self._word), key),
             )
         else:
             self._dml(
-                "docs", f"UPDATE {self.qualified('docs')} SET version = version + 1, body = %s WHERE id = %s",
+                "docs",
+                f"UPDATE {self.qualified('docs')} SET version = version + 1, body = %s WHERE id = %s",
                 (self._body(), key),
             )
 
@@ -534,7 +557,8 @@ class Workload:
     def _insert_parent(self) -> None:
         key = self._new_key("parent")
         self._dml(
-            "parent", f"INSERT INTO {self.qualified('parent')} (id, name, score) VALUES (%s, %s, %s)",
+            "parent",
+            f"INSERT INTO {self.qualified('parent')} (id, name, score) VALUES (%s, %s, %s)",
             (key, self._word(), self._maybe(self._money)),
         )
         self.model.parent[key] = None
@@ -542,7 +566,8 @@ class Workload:
     def _update_parent(self) -> None:
         key = self._pick(self.model.parent)
         self._dml(
-            "parent", f"UPDATE {self.qualified('parent')} SET name = %s, score = %s WHERE id = %s",
+            "parent",
+            f"UPDATE {self.qualified('parent')} SET name = %s, score = %s WHERE id = %s",
             (self._word(), self._maybe(self._money), key),
         )
 
@@ -562,7 +587,8 @@ class Workload:
         key = self._new_key("child")
         parent = self._pick(self.model.parent)
         self._dml(
-            "child", f"INSERT INTO {self.qualified('child')} (id, parent_id, note, at) VALUES (%s, %s, %s, %s)",
+            "child",
+            f"INSERT INTO {self.qualified('child')} (id, parent_id, note, at) VALUES (%s, %s, %s, %s)",
             (key, parent, self._maybe(self._word), self._maybe(self._timestamp)),
         )
         self.model.child[key] = parent
@@ -575,7 +601,8 @@ class Workload:
             self.model.child[key] = parent
         else:
             self._dml(
-                "child", f"UPDATE {self.qualified('child')} SET note = %s, at = %s WHERE id = %s",
+                "child",
+                f"UPDATE {self.qualified('child')} SET note = %s, at = %s WHERE id = %s",
                 (self._maybe(self._word), self._maybe(self._timestamp), key),
             )
 
@@ -610,14 +637,17 @@ class Workload:
     def _bag_params(row: tuple[Any, ...]) -> tuple[Any, ...]:
         return (*row[:3], list(row[3]) if row[3] is not None else None, row[4])
 
-    _BAG_EQUAL = "a IS NOT DISTINCT FROM %s AND b IS NOT DISTINCT FROM %s AND c IS NOT DISTINCT FROM %s" \
-                 " AND tags IS NOT DISTINCT FROM %s::text[] AND memo IS NOT DISTINCT FROM %s"
+    _BAG_EQUAL = (
+        "a IS NOT DISTINCT FROM %s AND b IS NOT DISTINCT FROM %s AND c IS NOT DISTINCT FROM %s"
+        " AND tags IS NOT DISTINCT FROM %s::text[] AND memo IS NOT DISTINCT FROM %s"
+    )
 
     def _insert_bag(self) -> None:
         row = self._pick_bag() if self.model.bag and self.rng.random() < 0.4 else self._bag_row()
         copies = self.rng.choice((1, 1, 1, 2, 3))
         self._dml(
-            "bag", f"INSERT INTO {self.qualified('bag')} (a, b, c, tags, memo) SELECT %s, %s, %s, %s::text[], %s"
+            "bag",
+            f"INSERT INTO {self.qualified('bag')} (a, b, c, tags, memo) SELECT %s, %s, %s, %s::text[], %s"
             " FROM generate_series(1, %s)",
             (*self._bag_params(row), copies),
         )
@@ -641,7 +671,8 @@ class Workload:
         new_row = tuple(new)
         if self.rng.random() < 0.7:  # one copy
             self._dml(
-                "bag", f"UPDATE {self.qualified('bag')} SET {sets} WHERE ctid ="
+                "bag",
+                f"UPDATE {self.qualified('bag')} SET {sets} WHERE ctid ="
                 f" (SELECT ctid FROM {self.qualified('bag')} WHERE {self._BAG_EQUAL} LIMIT 1)",
                 (*values, *self._bag_params(old)),
             )
@@ -649,7 +680,8 @@ class Workload:
             self.model.bag.append(new_row)
         else:  # every copy
             self._dml(
-                "bag", f"UPDATE {self.qualified('bag')} SET {sets} WHERE {self._BAG_EQUAL}",
+                "bag",
+                f"UPDATE {self.qualified('bag')} SET {sets} WHERE {self._BAG_EQUAL}",
                 (*values, *self._bag_params(old)),
             )
             count = self.model.bag.count(old)
@@ -659,7 +691,8 @@ class Workload:
         old = self._pick_bag()
         if self.rng.random() < 0.7:
             self._dml(
-                "bag", f"DELETE FROM {self.qualified('bag')} WHERE ctid ="
+                "bag",
+                f"DELETE FROM {self.qualified('bag')} WHERE ctid ="
                 f" (SELECT ctid FROM {self.qualified('bag')} WHERE {self._BAG_EQUAL} LIMIT 1)",
                 self._bag_params(old),
             )
@@ -681,7 +714,8 @@ class Workload:
     def _insert_coded(self) -> None:
         key = self._code_key()
         self._dml(
-            "coded", f"INSERT INTO {self.qualified('coded')} (region, code, qty, note) VALUES (%s, %s, %s, %s)",
+            "coded",
+            f"INSERT INTO {self.qualified('coded')} (region, code, qty, note) VALUES (%s, %s, %s, %s)",
             (*key, self._maybe(lambda: self.rng.randint(-5, 500)), self._maybe(self._word)),
         )
         self.model.coded[key] = None
@@ -689,7 +723,8 @@ class Workload:
     def _update_coded(self) -> None:
         region, code = self._pick(self.model.coded)
         self._dml(
-            "coded", f"UPDATE {self.qualified('coded')} SET qty = %s, note = %s WHERE region = %s AND code = %s",
+            "coded",
+            f"UPDATE {self.qualified('coded')} SET qty = %s, note = %s WHERE region = %s AND code = %s",
             (self._maybe(lambda: self.rng.randint(-5, 500)), self._maybe(self._word), region, code),
         )
 
@@ -737,11 +772,14 @@ class Workload:
             self._dml("orders", f"UPDATE {self.qualified('orders')} SET amount = %s WHERE id = %s", (amount, key))
         elif which < 0.9:
             self._dml(
-                "orders", f"UPDATE {self.qualified('orders')} SET customer = %s WHERE id = %s", (self._maybe(self._word), key)
+                "orders",
+                f"UPDATE {self.qualified('orders')} SET customer = %s WHERE id = %s",
+                (self._maybe(self._word), key),
             )
         else:
             self._dml(
-                "orders", f"UPDATE {self.qualified('orders')} SET status = %s, memo = %s WHERE id = %s",
+                "orders",
+                f"UPDATE {self.qualified('orders')} SET status = %s, memo = %s WHERE id = %s",
                 (status, self._order_memo(), key),
             )
 
@@ -769,7 +807,8 @@ class Workload:
             if new in self.model.coded:
                 new = (old[0], f"C-{self._key()}")
             self._dml(
-                "coded", f"UPDATE {self.qualified('coded')} SET region = %s, code = %s, qty = coalesce(qty, 0) + 1"
+                "coded",
+                f"UPDATE {self.qualified('coded')} SET region = %s, code = %s, qty = coalesce(qty, 0) + 1"
                 " WHERE region = %s AND code = %s",
                 (*new, *old),
             )
@@ -810,7 +849,9 @@ class Workload:
             temp = (a[0], f"T-{self._key()}")
             where = "region = %s AND code = %s"
             for new, old in ((temp, a), (a, b), (b, temp)):
-                self._dml("coded", f"UPDATE {self.qualified('coded')} SET region = %s, code = %s WHERE {where}", (*new, *old))
+                self._dml(
+                    "coded", f"UPDATE {self.qualified('coded')} SET region = %s, code = %s WHERE {where}", (*new, *old)
+                )
         else:
             held = getattr(self.model, table)
             a, b = self.rng.sample(list(held), 2)
@@ -879,14 +920,25 @@ class Workload:
             return {rng.choice(WORDS) + str(i): self._json(depth - 1) for i in range(rng.randint(0, 4))}
         if depth > 0 and r < 0.7:
             return [self._json(depth - 1) for _ in range(rng.randint(0, 3))]
-        return rng.choice((
-            None, True, False, rng.randint(-(10**12), 10**12), rng.random() * 1000, "ünï \"q\" \\ \n tab\t",
-            rng.choice(WORDS), 1.5, 10**20,
-        ))
+        return rng.choice(
+            (
+                None,
+                True,
+                False,
+                rng.randint(-(10**12), 10**12),
+                rng.random() * 1000,
+                'ünï "q" \\ \n tab\t',
+                rng.choice(WORDS),
+                1.5,
+                10**20,
+            )
+        )
 
     def _money(self) -> Decimal:
         rng = self.rng
-        return Decimal(rng.randint(-(10**10) + 1, 10**10 - 1) if rng.random() < 0.3 else rng.randint(-5000, 100000)).scaleb(-2)
+        return Decimal(
+            rng.randint(-(10**10) + 1, 10**10 - 1) if rng.random() < 0.3 else rng.randint(-5000, 100000)
+        ).scaleb(-2)
 
     def _exact(self) -> Decimal:
         rng = self.rng
@@ -967,7 +1019,9 @@ def log_coverage(changelog: str) -> dict[str, dict[str, int]]:
             for kind in ("K", "O"):
                 counts[f"old {kind}"] = counts.get(f"old {kind}", 0) + kinds.count(kind)
             unchanged = pc.list_value_length(records.column("_cdc_unchanged")).fill_null(0)
-            counts["unchanged TOAST"] = counts.get("unchanged TOAST", 0) + int(pc.sum(pc.greater(unchanged, 0)).as_py() or 0)
+            counts["unchanged TOAST"] = counts.get("unchanged TOAST", 0) + int(
+                pc.sum(pc.greater(unchanged, 0)).as_py() or 0
+            )
         out[table] = counts
     return out
 

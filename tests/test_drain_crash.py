@@ -9,7 +9,8 @@ order, whole, and nothing else (invariants 1-4); replaying it must give the sour
 slot must sit at the checkpoint and no file outside the checkpoint may remain.
 
 ``CDC_CRASH_SEED`` fixes the random choices (the seed is printed); ``CDC_CRASH_KILLS`` sets the
-number of kill cycles of the main test.
+main test's kill quota (default 50), which it keeps going until it
+reaches — bounded by ``CDC_CRASH_DEADLINE`` seconds, past which it fails and says how far it got.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ WRITER_RATE = 30.0  # transactions per second all along (bursts on top build a b
 MAX_BACKLOG = 1000  # past this many undrained transactions, a catch-up drain runs to its end
 MAX_DELAY = 1.5  # seconds: the longest random delay before a kill
 STARTUP_S = 0.3  # seconds: a drain's start after taking its lock (its peek's receiving process starts)
-MIN_REAL_KILLS = 50
+KILL_QUOTA = 50  # kills of a running drain, by default: 4 at each fault point, 34 at random moments
+MIN_LANDED_IN_BATCH = 3  # random kills that left a batch's segments without their checkpoint
+DEADLINE_S = 1500.0  # the whole test; the quota takes ~5 minutes on a quiet 2-core machine
 VERBOSE = bool(os.environ.get("CDC_CRASH_VERBOSE"))
 
 
@@ -79,10 +82,30 @@ def _expected_state(point: str, state: LogState) -> None:
     assert not [name for name in state.litter if not name.startswith("_checkpoint.json.tmp-")], state.litter
 
 
+def _kill_quota(kills: int) -> dict[str, int]:
+    """Kills of a running drain each kind must reach: a few at every fault point, the rest random."""
+    per_point = max(3, round(kills / 12))
+    return {point: per_point for point in FAULT_POINTS} | {"random": max(1, kills - per_point * len(FAULT_POINTS))}
+
+
+def _next_kill(kills: Counter[str], landed: Counter[str], quota: dict[str, int], rng: random.Random) -> str | None:
+    """The kind of the next kill: one still short of its quota, drawn by how short; None when all are met."""
+    short = {point: quota[point] - kills[point] for point in quota if kills[point] < quota[point]}
+    if not short and landed[BATCH_FILES] < MIN_LANDED_IN_BATCH:
+        short = {"random": 1}
+    if not short:
+        return None
+    return rng.choices(list(short), weights=list(short.values()))[0]
+
+
 def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
+    """Kills go on until every quota has landed (a drain that finishes first is a miss, not a
+    kill), so the count never depends on the machine's speed; a deadline fails loudly."""
     started = time.monotonic()
     seed = int(os.environ.get("CDC_CRASH_SEED", random.randrange(1 << 30)))
-    cycles = int(os.environ.get("CDC_CRASH_KILLS", "60"))
+    quota = _kill_quota(int(os.environ.get("CDC_CRASH_KILLS", str(KILL_QUOTA))))
+    deadline = started + float(os.environ.get("CDC_CRASH_DEADLINE", str(DEADLINE_S)))
+    print(f"\n[crash] seed {seed} (CDC_CRASH_SEED), quota {quota}", flush=True)
     rng = random.Random(seed)
     config, slot = _setup(pg, tmp_path)
     root = tmp_path / "changelog"
@@ -91,20 +114,11 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
     writer = WriterThread(workload, WRITER_RATE)
     tracker = LogTracker(root)
 
-    # The plan: a third of the kills at fault points (each point, n varying), the rest at random
-    # moments; every tenth cycle a drain that runs to its end.
-    plan: list[tuple[str, int]] = []
-    for number in range(cycles):
-        point = FAULT_POINTS[number % 4] if number % 3 == 0 else "random"
-        plan.append((point, rng.randint(1, 12) if point != "random" else 0))
-    rng.shuffle(plan)
-    for at in range(9, len(plan) + 1, 10):
-        plan.insert(at, ("complete", 0))
-
     kills: Counter[str] = Counter()  # real kills of a running drain, by point
     misses: Counter[str] = Counter()  # the drain finished before the kill
     landed: Counter[str] = Counter()  # random kills, by what they left behind
     completed = 0
+    cycles = 0
     spent: Counter[str] = Counter()  # seconds, by phase
     known_litter: set[str] = set()
     rate_estimate = 400.0  # transactions per second a drain gets through; refined from completed drains
@@ -119,13 +133,14 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
 
     writer.start()
     try:
-        for point, n in plan:
+        while (point := _next_kill(kills, landed, quota, rng)) is not None:
+            assert time.monotonic() < deadline, (
+                f"seed {seed}: the kill quota {quota} was not reached in {deadline - started:.0f} s"
+                f" (CDC_CRASH_DEADLINE): kills {dict(kills)}, misses {dict(misses)}, random kills landed {dict(landed)}"
+            )
+            cycles += 1
             phase = time.monotonic()
-            if backlog() > MAX_BACKLOG and point != "complete":
-                drain_to_end(config, pg.dsn, slot)  # keep drains short enough to kill mid-run
-                completed += 1
-                tracker.update(workload.committed)
-            if point == "complete":
+            if cycles % 10 == 0:  # every tenth cycle a drain that runs to its end
                 wait_backlog(100)
                 result = drain_to_end(config, pg.dsn, slot)
                 numbers = drained_numbers(result.stdout)
@@ -139,16 +154,25 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
                 tracker.update(workload.committed)
                 spent["drains run to the end"] += time.monotonic() - phase
                 continue
+            if backlog() > MAX_BACKLOG:
+                drain_to_end(config, pg.dsn, slot)  # keep drains short enough to kill mid-run
+                completed += 1
+                tracker.update(workload.committed)
+            n = 0
             if point == "random":
                 wait_backlog(rng.randint(80, 300))
                 process = start_drain(config, pg.dsn)
                 wait_until(
-                    lambda p=process: p.poll() is not None or monitor.lock_granted(), 60, "the drain to take its lock", 0.01
+                    lambda p=process: p.poll() is not None or monitor.lock_granted(),
+                    60,
+                    "the drain to take its lock",
+                    0.01,
                 )
                 # The experiment: a random moment within the drain's expected run time.
                 time.sleep(rng.uniform(0.0, min(MAX_DELAY, 1.1 * (STARTUP_S + backlog() / rate_estimate))))
                 killed, code, out, err = kill(process)
             else:
+                n = rng.randint(1, 12)
                 wait_backlog(12 * n + 100)  # enough work for the drain to pass the point n times
                 process = start_drain(config, pg.dsn, fault=f"{point}:{n}")
                 out, err = process.communicate(timeout=120)
@@ -175,7 +199,8 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
             if VERBOSE:
                 print(
                     f"[crash] {time.monotonic() - started:6.1f} s {point}:{n} killed={killed} code={code}"
-                    f" {state.where!r} log={len(tracker.seen)} writer={workload.count}", flush=True,
+                    f" {state.where!r} log={len(tracker.seen)} writer={workload.count}",
+                    flush=True,
                 )
         # A last drain while the writer still runs, then stop it and drain to the end.
         drain_to_end(config, pg.dsn, slot)
@@ -200,10 +225,9 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
         f" {verified.messages} messages, rows {verified.rows}; {time.monotonic() - started:.0f} s"
         f" ({', '.join(f'{k} {v:.0f} s' for k, v in spent.items())}, final check {checking:.0f} s)"
     )
-    assert total >= MIN_REAL_KILLS, f"only {total} kills hit a running drain (seed {seed})"
-    assert all(kills[p] >= 3 for p in FAULT_POINTS), f"too few kills at some fault point: {dict(kills)}"
-    assert kills["random"] >= 25, f"too few random kills hit a running drain: {dict(kills)}"
-    assert landed[BATCH_FILES] >= 3, f"too few random kills landed inside a batch: {dict(landed)}"
+    assert total >= sum(quota.values()), f"only {total} kills hit a running drain (seed {seed})"
+    assert all(kills[point] >= quota[point] for point in quota), (dict(kills), quota)
+    assert landed[BATCH_FILES] >= MIN_LANDED_IN_BATCH, f"too few random kills landed inside a batch: {dict(landed)}"
     assert_no_litter(verified)
 
 
@@ -275,7 +299,9 @@ def test_kill_after_checkpoint_next_drain_advances_the_slot_first(pg, tmp_path: 
     monitor.wait_quiet()
     after = log_state(root, monitor.confirmed_flush(slot))
     assert after.checkpoint_lsn == state.checkpoint_lsn
-    assert after.confirmed_flush == state.checkpoint_lsn, "the next drain did not advance the slot to the checkpoint first"
+    assert after.confirmed_flush == state.checkpoint_lsn, (
+        "the next drain did not advance the slot to the checkpoint first"
+    )
     assert _logged_xids(root) == logged
     monitor.close()
     _finish(pg, config, slot, workload, root)

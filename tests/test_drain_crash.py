@@ -85,7 +85,7 @@ def _expected_state(point: str, state: LogState) -> None:
 def _kill_quota(kills: int) -> dict[str, int]:
     """Kills of a running drain each kind must reach: a few at every fault point, the rest random."""
     per_point = max(3, round(kills / 12))
-    return {point: per_point for point in FAULT_POINTS} | {"random": max(1, kills - per_point * len(FAULT_POINTS))}
+    return dict.fromkeys(FAULT_POINTS, per_point) | {"random": max(1, kills - per_point * len(FAULT_POINTS))}
 
 
 def _next_kill(kills: Counter[str], landed: Counter[str], quota: dict[str, int], rng: random.Random) -> str | None:

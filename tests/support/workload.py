@@ -2,7 +2,7 @@
 crash tests (``tests/test_apply_differential.py``, ``tests/test_apply_crash.py``).
 
 :class:`Workload` owns one schema with eight tables, each there for a piece of the semantics the
-apply must get right (``DESIGN.md``, "Semantics applied downstream"):
+apply must get right (``docs/architecture.md``, "Semantics applied downstream"):
 
 ==========  ==========================================================================================
 ``kinds``   primary key; enum, ``int[]``, ``text[]`` (quotes, commas, backslashes, ``"NULL"``, NULL

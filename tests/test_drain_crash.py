@@ -1,4 +1,4 @@
-"""Crash tests of the drain: ≥ 50 kill points, 0 lost, 0 duplicated, order kept (``docs/architecture.md``, "Invariants").
+"""Crash tests of the drain: ≥ 50 kill points, 0 lost, 0 duplicated, order kept (docs/architecture.md, "Invariants").
 
 The drain runs as the real command (``python -m cdc_assets drain``) in a subprocess and dies by a
 real SIGKILL: at the fault points of ``cdc_assets/faults.py`` (``CDC_ASSETS_FAULT=<point>:<n>``)

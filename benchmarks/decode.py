@@ -1,4 +1,4 @@
-"""Decode benchmark (issue 2): fetch, decode and Arrow conversion rates of a pgbench slot.
+"""Decode benchmark: fetch, decode and Arrow conversion rates of a pgbench slot, against the decoder's targets.
 
     python benchmarks/decode.py [--pg 16] [--transactions 90000] [--repeat 5] [--binary] [--json out.json]
 

@@ -1,4 +1,4 @@
-"""Drain benchmark (issue 3): end-to-end drain rate, and peak memory on one huge transaction.
+"""Drain benchmark: end-to-end drain rate, and peak memory on one huge transaction, against the drain's targets.
 
     python benchmarks/drain.py [--pg 16] [--part all|rate|rss] [--transactions 260000] [--repeat 3]
                                [--rows 2000000] [--batch-changes N] [--big-batch N] [--json out.json]

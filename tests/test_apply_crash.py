@@ -1,6 +1,6 @@
 """Crash variant of the differential test: ``cdc-assets sync`` SIGKILLed again and again while a
 random workload keeps writing; then one sync to completion, and every Delta table must equal its
-source and record the checkpoint as its applied LSN (issue 4's acceptance: ≥ 20 kill points,
+source and record the checkpoint as its applied LSN (docs/architecture.md, "Invariants", requires ≥ 20 kill points,
 0 mismatches, both readers agree).
 
 * The source: one schema with the workload's eight tables (``tests/support/workload.py``: types,

@@ -1,6 +1,6 @@
 """Differential test of the whole pipeline: a seeded random workload on a real PostgreSQL, then
 setup → (workload chunk → drain → apply)×N, and every Delta table compared with its source table,
-value by value, read back with Spark and with delta-rs (issue 4's acceptance: ≥ 20 seeds ×
+value by value, read back with Spark and with delta-rs (docs/architecture.md, "Invariants", requires ≥ 20 seeds ×
 ≥ 2,000 operations, 0 mismatches, both readers agree).
 
 Per seed (``tests/support/workload.py`` says what the workload does):

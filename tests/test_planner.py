@@ -1,5 +1,5 @@
 """``plan_changes`` on change records built by hand in the change log's format (no Spark, no
-server): every rule of "Semantics applied downstream" (DESIGN.md) that the planner owns — last
+server): every rule of "Semantics applied downstream" (docs/architecture.md) that the planner owns — last
 image wins, key changes, unchanged TOAST, TRUNCATE cuts, snapshots, REPLICA IDENTITY FULL as a
 multiset, keyless tables, schema versions — each asserted on the exact rows of the plan."""
 

@@ -2,7 +2,7 @@
 
 :func:`replay` reads every table of a change log with :class:`ChangeLogReader` (only what the
 checkpoint made valid) and applies the change records in ``(_cdc_commit_lsn, _cdc_position)``
-order to plain dicts, the way ``docs/architecture.md`` and the design notes define them — no
+order to plain dicts, the way ``docs/architecture.md`` ("Semantics applied downstream") defines them — no
 Spark, no Delta, nothing shared with the apply code:
 
 * ``snapshot`` / ``insert``: upsert the ``new`` row by its key;

@@ -29,7 +29,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
-from cdc_assets.pgcluster import ThrowawayCluster
+from cdc_sandbox.pgcluster import ThrowawayCluster  # noqa: E402 - after the sys.path line above
 
 # PostgreSQL's own default: the throwaway cluster's 64kB (which tests use to force spilling)
 # would make the server spill or stream almost every pgbench transaction.
@@ -138,7 +138,7 @@ def machine() -> dict[str, Any]:
         "pyarrow": pyarrow.__version__,
         "numpy": numpy.__version__,
         "kernel": platform.release(),
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 

@@ -1,21 +1,31 @@
 """The ``cdc-assets`` command: what the Dagster assets do, for operators and scripts.
 
 Errors cdc-assets expects (bad config, missing slot, invalidated slot, …) print one clear line and
-exit non-zero (2 for a configuration error, 1 otherwise) without a traceback.
+exit non-zero (2 for a configuration error, 1 otherwise) without a traceback. SIGINT and SIGTERM
+stop a command cleanly (exit 130), with whatever servers it started.
+
+Other packages add commands through the ``cdc_assets.commands`` entry points (``dagster_project``
+adds ``demo``), so that this library imports none of them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from types import FrameType
 from typing import Any, TextIO
 
 from cdc_assets.config import Config, load_config
 from cdc_assets.errors import CdcError, ConfigError
 from cdc_assets.lsn import format_lsn
+
+COMMANDS_ENTRY_POINT = "cdc_assets.commands"
+"""Entry-point group of commands other packages add: each is ``add(subparsers) -> None``."""
 
 
 class Progress:
@@ -47,6 +57,7 @@ class Progress:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return int(args.run(args) or 0)
     except ConfigError as error:
@@ -58,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cdc-assets: interrupted; nothing past the last checkpoint was advanced", file=sys.stderr)
         return 130
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (``docker stop``, a service manager) unwinds like Ctrl-C, so that every server a
+    command started (the demo's PostgreSQL and Dagster, a drain's peek process) is stopped."""
+    raise KeyboardInterrupt
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,17 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     status = command("status", "slot position and lag, checkpoint, applied LSN per table", _status)
     status.add_argument("--json", action="store_true", help="print JSON")
-    demo = commands.add_parser(
-        "demo",
-        help="the embedded default: a throwaway PostgreSQL, a workload, the whole pipeline, a parity check",
-        description="Runs the whole pipeline on a throwaway PostgreSQL and ends with `parity OK` when every Delta"
-        " table equals its source. With --ui, opens the Dagster UI on a folder a demo left.",
-    )
-    demo.add_argument("--dir", default="cdc-demo", help="folder for the demo's data (default: ./cdc-demo)")
-    demo.add_argument("--force", action="store_true", help="replace the folder if it is not empty")
-    demo.add_argument("--ui", action="store_true", help="open the Dagster UI on the folder of an earlier demo")
-    demo.add_argument("--port", type=int, default=3000, help="port of the Dagster UI (with --ui; default 3000)")
-    demo.set_defaults(run=_demo)
+    for extension in entry_points(group=COMMANDS_ENTRY_POINT):  # `demo`, from dagster_project
+        extension.load()(commands)
     return parser
 
 
@@ -166,16 +174,6 @@ def _sync(args: argparse.Namespace) -> int:
     config = _config(args)
     _drain(args, config)
     return _apply(args, config)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from dagster_project.demo.run import open_ui, run_demo  # the demo drives Dagster in-process
-
-    if args.ui:
-        return open_ui(Path(args.dir), port=args.port)
-    return 0 if run_demo(Path(args.dir), force=args.force) else 1
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_assets.pgcluster import ThrowawayCluster
+from cdc_sandbox.pgcluster import ThrowawayCluster
 
 ALL_VERSIONS = [int(v) for v in os.environ.get("CDC_TEST_PG_VERSIONS", "15,16,18").split(",") if v]
 DEFAULT_VERSION = int(os.environ.get("CDC_TEST_PG", "16"))

@@ -11,8 +11,10 @@ UI on the same folder (``cdc-assets demo --ui``).
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,8 @@ import psycopg
 
 from cdc_assets.config import load_config
 from cdc_assets.errors import CdcError
-from cdc_assets.pgcluster import ThrowawayCluster, reachable_by_others
 from cdc_assets.setup import setup
+from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
 from dagster_project.assets import CHANGELOG_KEY, mirror_key
 from dagster_project.demo import workload
 from dagster_project.factory import build_definitions
@@ -162,10 +164,36 @@ def open_ui(folder: Path, *, port: int = 3000, out: Callable[[str], None] = prin
             "-p",
             str(port),
         ]
+        return _run_dagster_dev(command, env, folder)
+
+
+def _run_dagster_dev(command: list[str], env: dict[str, str], folder: Path) -> int:
+    """Run ``dagster dev`` in a process group of its own until it ends or this process is told to
+    stop (Ctrl-C, SIGTERM); then stop the whole group — webserver, daemon and code servers too."""
+    process = subprocess.Popen(command, env=env, cwd=folder, start_new_session=True)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # the CLI turns SIGTERM into this as well
+        return 0
+    finally:
+        _stop_group(process)
+
+
+def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
+    """Ask the process group to stop as Ctrl-C in a terminal would, then insist (SIGTERM, SIGKILL)."""
+    for signal_number, wait_s in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:
-            return subprocess.run(command, env=env, cwd=folder, check=False).returncode
-        except KeyboardInterrupt:
-            return 0
+            os.killpg(process.pid, signal_number)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            process.poll()  # reap the leader, so that only live members keep the group
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)  # polling a process group's end: there is nothing to wait on
 
 
 def _environment(folder: Path, pg: ThrowawayCluster) -> dict[str, str]:

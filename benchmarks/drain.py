@@ -154,13 +154,13 @@ def count_range(config: Config, major: int) -> tuple[int, int, int]:
     with (
         psycopg.connect(config.source.dsn, autocommit=True) as conn,
         SlotReader(conn, config.source, major, two_phase=False) as reader,
+        reader.peek(NO_LIMIT) as blocks,
     ):
-        with reader.peek(NO_LIMIT) as blocks:
-            for data in (data for block in blocks for data in block.messages()):
-                messages += 1
-                nbytes += len(data)
-                if data[0] in b"IUD":
-                    changes += 1
+        for data in (data for block in blocks for data in block.messages()):
+            messages += 1
+            nbytes += len(data)
+            if data[0] in b"IUD":
+                changes += 1
     return messages, changes, nbytes
 
 

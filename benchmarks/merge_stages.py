@@ -18,9 +18,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import apply as bench
 import numpy as np
 
-import apply as bench
 from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.config import SparkConfig
 

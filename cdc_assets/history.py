@@ -8,7 +8,7 @@ partition, so writing a day again — a backfill, a retry — gives the same par
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +27,7 @@ _CHANGE_COLUMNS = ["_cdc_op", "_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_position"
 
 def history_rows(reader: ChangeLogReader, table: str, relation: RelationSchema, day: date) -> pa.Table:
     """The changes of ``table`` committed on ``day`` (UTC), in commit order."""
-    start = datetime.combine(day, time(), tzinfo=timezone.utc)
+    start = datetime.combine(day, time(), tzinfo=UTC)
     end = start + timedelta(days=1)
     chunks = []
     for chunk in reader.read_changes(table):

@@ -66,17 +66,19 @@ class Parity:
 def check_parity(config: Config, table: TableConfig, spark: SparkSession) -> Parity:
     """Compare ``table``'s Delta table with its source at one point (see the module docstring)."""
     probe = replace(config.source, slot=f"cdc_check_{os.getpid()}_{secrets.token_hex(3)}", two_phase=False)
-    with create_slot_with_snapshot(probe, temporary=True) as exported:
-        with SnapshotReader(config.source, exported.snapshot_name) as snapshot:
-            relation = snapshot.describe(table.name)
-            catalog = TypeCatalog.of(load_type_catalog(snapshot.connection, [c.type_oid for c in relation.columns]))
-            builder = ChangeRecordBuilder(relation, catalog)
-            info = CommitInfo(0, exported.consistent_point, exported.consistent_point, 0)
-            parts = []
-            for columns in snapshot.chunks(relation):
-                records = with_commit_columns(builder.snapshot(columns, np.arange(len(columns[0]))), info)
-                rows = latest_images([RecordChunk(relation, pa.Table.from_batches([records]))], relation)
-                parts.append(_digest(_frame(spark, rows), table.row_filter))
+    with (
+        create_slot_with_snapshot(probe, temporary=True) as exported,
+        SnapshotReader(config.source, exported.snapshot_name) as snapshot,
+    ):
+        relation = snapshot.describe(table.name)
+        catalog = TypeCatalog.of(load_type_catalog(snapshot.connection, [c.type_oid for c in relation.columns]))
+        builder = ChangeRecordBuilder(relation, catalog)
+        info = CommitInfo(0, exported.consistent_point, exported.consistent_point, 0)
+        parts = []
+        for columns in snapshot.chunks(relation):
+            records = with_commit_columns(builder.snapshot(columns, np.arange(len(columns[0]))), info)
+            rows = latest_images([RecordChunk(relation, pa.Table.from_batches([records]))], relation)
+            parts.append(_digest(_frame(spark, rows), table.row_filter))
     names = tuple(c.name for c in relation.columns)
     source = Digest(sum(p.rows for p in parts), sum(p.checksum for p in parts))
     drain(config, wait=True, upto_lsn=exported.consistent_point)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -47,8 +47,8 @@ def _history_start(settings: Settings) -> datetime:
     """The day of the initial snapshot (history partitions start there); today before setup."""
     checkpoint = read_checkpoint(LogStore(settings.config.changelog_path))
     moment = (
-        datetime.fromtimestamp(checkpoint.snapshot_time_us / 1e6, tz=timezone.utc)
+        datetime.fromtimestamp(checkpoint.snapshot_time_us / 1e6, tz=UTC)
         if checkpoint and checkpoint.snapshot_time_us
-        else datetime.now(timezone.utc)
+        else datetime.now(UTC)
     )
     return moment.replace(hour=0, minute=0, second=0, microsecond=0)

@@ -25,7 +25,7 @@ class SparkResource(dg.ConfigurableResource):
 
     master: str | None = None
     remote: str | None = None
-    conf: dict[str, str] = {}
+    conf: dict[str, str] = {}  # noqa: RUF012 - a pydantic field (copied per instance); the default is in dagster's config schema
 
     def session(self) -> Any:
         with quiet_start():

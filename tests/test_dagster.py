@@ -16,7 +16,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Iterator
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,9 +26,9 @@ import pytest
 import yaml
 from dagster._core.execution.api import create_execution_plan
 from dagster._core.instance.config import dagster_instance_config
+from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.remote_representation.external_data import RepositorySnap
 from dagster._core.run_coordinator import SubmitRunContext
-from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.test_utils import create_run_for_test, freeze_time
 from dagster._daemon.monitoring.concurrency import execute_concurrency_slots_iteration
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
@@ -133,7 +133,7 @@ def env(pg_module: Database, spark: Any, tmp_path_factory: pytest.TempPathFactor
 
 
 def tick_time(minute: int) -> datetime:
-    return datetime(2026, 1, 5, 12, minute, tzinfo=timezone.utc)
+    return datetime(2026, 1, 5, 12, minute, tzinfo=UTC)
 
 
 def requested(ticks: dict[str, Any]) -> set[str]:
@@ -456,11 +456,11 @@ def commit_at(db: Database, moment: datetime, *statements: str) -> None:
 
 
 def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: DagsterEnv) -> None:
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     first, empty, last = (today - timedelta(days=n) for n in (3, 2, 1))
 
     def at(day: date, hour: int, minute: int = 0) -> datetime:
-        return datetime.combine(day, time(hour, minute), tzinfo=timezone.utc)
+        return datetime.combine(day, time(hour, minute), tzinfo=UTC)
 
     commit_at(
         env.db,
@@ -484,7 +484,7 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     for chunk in ChangeLogReader(env.config().changelog_path).read_changes(NOTES):
         for record in chunk.records.to_pylist():
             if record["_cdc_op"] != "snapshot":
-                log.setdefault(record["_cdc_commit_time"].astimezone(timezone.utc).date(), []).append(record)
+                log.setdefault(record["_cdc_commit_time"].astimezone(UTC).date(), []).append(record)
     assert [r["_cdc_commit_time"] for r in log[first]] == [at(first, 12)] * 2 + [at(first, 18, 30)]
     assert [r["_cdc_commit_time"] for r in log[last]] == [at(last, 9, 15)] * 2
     assert empty not in log and today in log  # three commit days with changes, one day without
@@ -494,7 +494,7 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     # with its partitions starting at the first of them.
     settings = load_settings(str(env.config_path))
     snapshot_day = datetime.fromtimestamp(
-        ChangeLogReader(settings.config.changelog_path).checkpoint().snapshot_time_us / 1e6, timezone.utc
+        ChangeLogReader(settings.config.changelog_path).checkpoint().snapshot_time_us / 1e6, UTC
     ).date()
     located = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES))).partitions_def
     assert isinstance(located, dg.DailyPartitionsDefinition)

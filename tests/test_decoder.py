@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from struct import pack
 
 import pytest
@@ -28,7 +28,7 @@ from cdc_assets.pgoutput.messages import (
 )
 from tests.support.pgoutput_writer import encode, tuple_data
 
-T0 = datetime(2024, 2, 29, 12, 30, 1, 123456, tzinfo=timezone.utc)
+T0 = datetime(2024, 2, 29, 12, 30, 1, 123456, tzinfo=UTC)
 T0_UNIX_US = 1_709_209_801_123_456
 T0_MICROS = T0_UNIX_US - POSTGRES_EPOCH_US  # as sent: since 2000-01-01
 

@@ -24,7 +24,7 @@ Server behaviour these tests pin down, beyond the reference notes:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -311,6 +311,11 @@ def run_update_cases(conn: Any, table: str, key_change: str) -> dict[str, tuple[
     return out
 
 
+def key_only(row: tuple[bytes | None, ...], key_mask: list[bool]) -> list[bytes | None]:
+    """``row`` with the columns outside the key as None (what an old key carries)."""
+    return [value if is_key else None for value, is_key in zip(row, key_mask)]
+
+
 def test_updates_and_deletes_under_each_replica_identity(pg_any: Any, conn: Any) -> None:
     """DEFAULT: no old tuple unless the pk changed, then 'K' with the key and 'n' (not sent, not
     NULL) elsewhere; FULL: 'O' with the whole old row on update and delete; USING INDEX: 'K'
@@ -348,9 +353,6 @@ def test_updates_and_deletes_under_each_replica_identity(pg_any: Any, conn: Any)
         assert {c.name for c in relation.columns if c.is_key} == expect_keys[table]
         key_mask = [c.is_key for c in relation.columns]
 
-        def key_only(row: tuple[bytes | None, ...]) -> list[bytes | None]:
-            return [value if is_key else None for value, is_key in zip(row, key_mask)]
-
         window, before, after = steps["note"]
         group = by_xid(groups, window)
         assert kinds(group) == "BRUC"
@@ -377,7 +379,7 @@ def test_updates_and_deletes_under_each_replica_identity(pg_any: Any, conn: Any)
         else:
             assert update.old_tuple is None
             assert before[2] is not None  # so the 'n' below means "not a key column", not NULL
-            assert_tuple(update.old_key, key_only(before))
+            assert_tuple(update.old_key, key_only(before, key_mask))
             assert update.old_key.kinds.count("t") == 1
         assert_tuple(update.new_tuple, after)
 
@@ -392,7 +394,7 @@ def test_updates_and_deletes_under_each_replica_identity(pg_any: Any, conn: Any)
             assert_tuple(delete.old_tuple, before)
         else:
             assert delete.old_tuple is None
-            assert_tuple(delete.old_key, key_only(before))
+            assert_tuple(delete.old_key, key_only(before, key_mask))
 
     group = by_xid(groups, index_pk_change)
     assert kinds(group) == "BIUC"
@@ -580,7 +582,7 @@ def test_transactional_and_non_transactional_messages(pg_any: Any, conn: Any) ->
             (group[3], 1, text_lsn, "prefix", b"content"),
             (group[4], 1, binary_lsn, "bin/ä", b"\x00\xff\x01"),
             (decoded[6], 0, plain_lsn, "prefix", b"nontransactional"),
-            (decoded[7], 0, aborted_lsn, "lost?", "survives the rollback".encode()),
+            (decoded[7], 0, aborted_lsn, "lost?", b"survives the rollback"),
         ]
         for item, flags, lsn, prefix, content in expected:
             message = item.message
@@ -614,8 +616,8 @@ def test_origin_message_follows_begin(pg_any: Any, conn: Any) -> None:
     (pgoutput does not send the origin LSN for streamed transactions), and its Stream Commit carries
     the origin timestamp too. On 16+, ``origin 'none'`` drops the origin-tagged transactions."""
     prepare(conn, "CREATE TABLE t (id int PRIMARY KEY, v text)")
-    origin_time = datetime(2001, 2, 3, 4, 5, 6, 789012, tzinfo=timezone.utc)
-    big_origin_time = datetime(2002, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc)
+    origin_time = datetime(2001, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+    big_origin_time = datetime(2002, 1, 1, 0, 0, 0, 1, tzinfo=UTC)
     conn.execute("SELECT pg_replication_origin_drop('o1') FROM pg_replication_origin WHERE roname = 'o1'")
     conn.execute("SELECT pg_replication_origin_create('o1')")
     try:
@@ -669,7 +671,7 @@ def test_origin_message_follows_begin(pg_any: Any, conn: Any) -> None:
             assert stream_commit.end_lsn == tail[-1].row.lsn <= big.lsn_after
 
         if pg_any.version >= 16:
-            options = pgoutput_options(pg_any.version, PUB) + ["origin", "none"]
+            options = [*pgoutput_options(pg_any.version, PUB), "origin", "none"]
             assert kinds(peek_decoded(conn, SLOT, options)) == "BRIC"
     finally:
         conn.execute("SELECT pg_replication_origin_drop('o1')")

@@ -14,6 +14,7 @@ import importlib.metadata
 import re
 import shlex
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -265,10 +266,8 @@ def test_dockerfile_copies_files_that_exist_and_matches_what_compose_expects_in_
     assert {"dagster-postgres", "dagster-docker"} <= {name for name, _ in libraries}
     for name, version in libraries:
         assert version == line, (name, version, line)
-        try:
+        with suppress(importlib.metadata.PackageNotFoundError):
             assert importlib.metadata.version(name) == version, name  # where installed here, the same
-        except importlib.metadata.PackageNotFoundError:
-            pass
 
 
 # -- dagster.yaml ----------------------------------------------------------------------------------------

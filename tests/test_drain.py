@@ -374,7 +374,7 @@ def _mixed_workload(db: Database, pipe: Pipeline, w: Workload) -> None:
     assert_transactions_log(pipe, w.xids)
     # The snapshot's schemas (from the catalog) and the drained ones (from Relation messages) are
     # the same versions: no table got a second schema version.
-    assert {t: s.schema_version for t, s in pipe.checkpoint().tables.items()} == {t: 1 for t in TABLES}
+    assert {t: s.schema_version for t, s in pipe.checkpoint().tables.items()} == dict.fromkeys(TABLES, 1)
     # Prepared transactions were drained, yet the slot is still not two-phase (invariant 6).
     assert db.execute("SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == [(False,)]
 

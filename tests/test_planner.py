@@ -59,7 +59,7 @@ def upsert(
 
 
 def delete(key: dict[str, Any], columns: list[str], lsn: int) -> dict[str, Any]:
-    return {**{c: None for c in columns}, **key, LSN: lsn, ACTION: "delete", UNRESOLVED: None, FILL_KEY: None}
+    return {**dict.fromkeys(columns), **key, LSN: lsn, ACTION: "delete", UNRESOLVED: None, FILL_KEY: None}
 
 
 def gone(key: int, lsn: int) -> dict[str, Any]:

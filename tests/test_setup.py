@@ -300,7 +300,7 @@ def test_setup_refusals(pg: Database, tmp_path: Path, role: str) -> None:
     unknown = pipe.cli("setup")
     assert unknown.returncode == 2
     assert unknown.stderr == f"cdc-assets: configuration error: {pipe.config_path}: source.bogus: unknown setting\n"
-    with pytest.raises(ConfigError, match="source.bogus: unknown setting"):
+    with pytest.raises(ConfigError, match=r"source\.bogus: unknown setting"):
         pipe.config()
     nothing_created()
     assert "Traceback" not in refused.stderr + cli.stderr + unset.stderr + unknown.stderr

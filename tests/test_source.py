@@ -860,10 +860,13 @@ def test_peek_child_connection_failure_names_no_password(pg: Database) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # closed again below: nothing listens there
     unreachable = SourceConfig(dsn=f"host=127.0.0.1 port={port} dbname=x user=x password=hunter2", slot="s_x")
-    with pg.connect() as conn, SlotReader(conn, unreachable, pg.version, two_phase=False) as reader:
-        with pytest.raises(SourceError, match=r"cannot connect to the source database \(peek\): ") as failure:
-            with reader.peek(10) as blocks:
-                list(blocks)
+    with (
+        pg.connect() as conn,
+        SlotReader(conn, unreachable, pg.version, two_phase=False) as reader,
+        pytest.raises(SourceError, match=r"cannot connect to the source database \(peek\): ") as failure,
+        reader.peek(10) as blocks,
+    ):
+        list(blocks)
     assert "hunter2" not in str(failure.value) and str(port) in str(failure.value)
 
 

@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,10 +95,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             continue
         if sig == signal.SIGTERM:  # the leader is gone; make sure its children are too
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return
 
 
@@ -439,7 +438,7 @@ def test_drain_launched_through_graphql_runs_and_its_metadata_shows_on_the_asset
     metadata = {row[0]: row[1] for row in browser.table_rows() if len(row) >= 2}
     assert metadata["checkpoint_lsn"] == lsn
     assert (metadata["transactions"], metadata["changes"]) == ("1", str(len(TRANSACTION)))
-    assert {table: metadata[f"changes/{table}"] for table in TABLES} == {table: "1" for table in TABLES}
+    assert {table: metadata[f"changes/{table}"] for table in TABLES} == dict.fromkeys(TABLES, "1")
     assert metadata["wal_status"] in ("reserved", "extended") and int(metadata["slot_lag_bytes"]) >= 0
     assert_rendered(browser, tmp_path / "changelog.png")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -239,8 +239,8 @@ def test_bool() -> None:
     ],
 )
 def test_integers(oid: int, layout: str, values: list[int]) -> None:
-    assert values_of(oid, [str(v).encode() for v in values] + [None], False) == values + [None]
-    assert values_of(oid, [be(layout, v) for v in values] + [None], True) == values + [None]
+    assert values_of(oid, [str(v).encode() for v in values] + [None], False) == [*values, None]
+    assert values_of(oid, [be(layout, v) for v in values] + [None], True) == [*values, None]
 
 
 def test_malformed_integers() -> None:
@@ -519,7 +519,7 @@ def test_timestamptz() -> None:
     ]
     result = convert(types.TIMESTAMPTZ, [be("q", m) for m in pg_micros] + [None], True)
     assert storage(result) == micros and result.special == {8: "294276-12-31 23:59:59.999999+00"}
-    assert result.array[0].as_py() == datetime(2024, 1, 2, 1, 4, 5, 123456, tzinfo=timezone.utc)
+    assert result.array[0].as_py() == datetime(2024, 1, 2, 1, 4, 5, 123456, tzinfo=UTC)
 
 
 def test_timestamp() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import IO
 
 import pyarrow as pa
@@ -110,16 +110,12 @@ class LogStore:
             _fsync_folder(self.path(folder))
 
     def delete(self, name: str) -> None:
-        try:
+        with suppress(FileNotFoundError):
             self.fs.delete_file(self.path(name))
-        except FileNotFoundError:
-            pass
 
     def delete_folder(self, folder: str) -> None:
-        try:
+        with suppress(FileNotFoundError):
             self.fs.delete_dir(self.path(folder))
-        except FileNotFoundError:
-            pass
 
 
 def _fsync_folder(path: str) -> None:

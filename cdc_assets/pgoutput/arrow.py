@@ -53,7 +53,7 @@ _OLD_KINDS = pa.array(["K", "O"])
 class ChangeRecordBuilder:
     """Builds change-record batches for one schema version of one relation."""
 
-    __slots__ = ("relation", "converters", "row_type", "schema", "_names")
+    __slots__ = ("_names", "converters", "relation", "row_type", "schema")
 
     def __init__(self, relation: RelationSchema, catalog: TypeCatalog | None = None) -> None:
         self.relation = relation

@@ -121,7 +121,7 @@ class _Buffer:
     words, the layout of Arrow's binary views.
     """
 
-    __slots__ = ("data", "u8", "int16", "int32", "le_u32")
+    __slots__ = ("data", "int16", "int32", "le_u32", "u8")
 
     def __init__(self, data: bytes) -> None:
         self.data = pa.py_buffer(data)

@@ -9,9 +9,10 @@ byte offset.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from struct import Struct
 from struct import error as StructError
-from typing import Callable, Literal
+from typing import Literal
 
 from cdc_assets.errors import DecodeError
 from cdc_assets.pgoutput.messages import (
@@ -115,7 +116,7 @@ class PgoutputDecoder:
     Stop itself, since change messages inside a stream block start with an xid.
     """
 
-    __slots__ = ("streaming", "in_stream", "_parsers")
+    __slots__ = ("_parsers", "in_stream", "streaming")
 
     def __init__(self, streaming: Streaming = "off") -> None:
         if streaming not in ("off", "on", "parallel"):
@@ -455,13 +456,13 @@ def _tuple_data(data: bytes, pos: int) -> tuple[TupleData, int]:
             kind, length = data[pos], -1
         else:
             raise _Malformed(f"tuple ends after {i} of {ncols} columns", pos)
-        if kind == _KIND_TEXT or kind == _KIND_BINARY:
+        if kind == _KIND_TEXT or kind == _KIND_BINARY:  # noqa: SIM109 - once per column: two compares beat building a tuple
             start = pos + 5
             pos = start + length
             if length < 0 or pos > size:
                 raise _Malformed(f"column {i} has length {length} but {size - start} bytes remain", start - 4)
             add_value(data[start:pos])
-        elif kind == _KIND_NULL or kind == _KIND_UNCHANGED:
+        elif kind == _KIND_NULL or kind == _KIND_UNCHANGED:  # noqa: SIM109 - as above
             pos += 1
             add_value(None)
         else:

@@ -12,10 +12,10 @@ outside a stream block it is ``None``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import ClassVar, Union
+from datetime import UTC, datetime, timedelta
+from typing import ClassVar, TypeAlias
 
-UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 POSTGRES_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970-01-01
 
 
@@ -315,26 +315,26 @@ class StreamPrepareMessage:
         return unix_time(self.prepare_time_us)
 
 
-ChangeMessage = Union[InsertMessage, UpdateMessage, DeleteMessage, TruncateMessage]
+ChangeMessage: TypeAlias = InsertMessage | UpdateMessage | DeleteMessage | TruncateMessage
 
-Message = Union[
-    BeginMessage,
-    CommitMessage,
-    OriginMessage,
-    RelationMessage,
-    TypeMessage,
-    InsertMessage,
-    UpdateMessage,
-    DeleteMessage,
-    TruncateMessage,
-    LogicalDecodingMessage,
-    StreamStartMessage,
-    StreamStopMessage,
-    StreamCommitMessage,
-    StreamAbortMessage,
-    BeginPrepareMessage,
-    PrepareMessage,
-    CommitPreparedMessage,
-    RollbackPreparedMessage,
-    StreamPrepareMessage,
-]
+Message: TypeAlias = (
+    BeginMessage
+    | CommitMessage
+    | OriginMessage
+    | RelationMessage
+    | TypeMessage
+    | InsertMessage
+    | UpdateMessage
+    | DeleteMessage
+    | TruncateMessage
+    | LogicalDecodingMessage
+    | StreamStartMessage
+    | StreamStopMessage
+    | StreamCommitMessage
+    | StreamAbortMessage
+    | BeginPrepareMessage
+    | PrepareMessage
+    | CommitPreparedMessage
+    | RollbackPreparedMessage
+    | StreamPrepareMessage
+)

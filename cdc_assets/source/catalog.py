@@ -9,11 +9,11 @@ import psycopg
 
 from cdc_assets.config import TableName
 from cdc_assets.errors import PublicationMismatchError, TableMissingError
+from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
 from cdc_assets.pgoutput.types import PgTypeInfo
 from cdc_assets.source.connection import server_major
 from cdc_assets.source.failures import publication_missing_error
 from cdc_assets.source.publication import publication_exists
-from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
 
 FIRST_GENBKI_OID = 10000  # pgoutput sends a Type message for types from here on
 

@@ -12,7 +12,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Generator, Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -182,10 +182,8 @@ class SlotReader:
         backend = child.backend_pid
         child.kill()
         if backend is not None:
-            try:
+            with suppress(psycopg.Error):  # it may be gone already; the server ends it once it notices
                 self._conn.execute("SELECT pg_terminate_backend(%s, %s)", (backend, TERMINATE_WAIT_MS))
-            except psycopg.Error:
-                pass  # it may be gone already; the server ends it once it notices
 
     @contextmanager
     def peek(self, limit: int, upto_lsn: int | None = None) -> Iterator[Iterator[PeekBlock]]:

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -120,10 +121,8 @@ class PeekChild:
 
     def close(self) -> None:
         if self._process.stdin is not None and not self._process.stdin.closed:
-            try:
+            with suppress(OSError):
                 self._process.stdin.close()
-            except OSError:
-                pass
         self._process.wait()
         for stream in (self._process.stdout, self._stderr):
             if stream is not None:

@@ -23,9 +23,9 @@ from psycopg.types.string import ByteaBinaryLoader
 from cdc_assets.config import SourceConfig, TableName, quote_identifier
 from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError
 from cdc_assets.lsn import parse_lsn
+from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.catalog import describe_table
 from cdc_assets.source.connection import apply_pinned_settings, connect, server_major
-from cdc_assets.pgoutput.schema import RelationSchema
 
 CSTRING_OID = 2275  # what output functions return; its binary form is the text itself
 CHUNK_ROWS = 50_000

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -106,7 +106,7 @@ def freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple((k, freeze(v)) for k, v in value.items())
     if isinstance(value, datetime) and value.tzinfo is not None:
-        return ("instant", value.astimezone(timezone.utc).replace(tzinfo=None))
+        return ("instant", value.astimezone(UTC).replace(tzinfo=None))
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     return value

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import psycopg
@@ -170,7 +170,7 @@ def row_xmin(conn: psycopg.Connection[Any], table: str, where: str) -> int:
 
 def wall_clock() -> datetime:
     """Now, timezone-aware UTC (same clock as a server on this machine)."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -38,7 +38,7 @@ from cdc_assets.transactions import COMMIT_FIELDS
 BOOL, INT4, INT8, TEXT, VARCHAR, INT4_ARRAY = 16, 23, 20, 25, 1043, 1007
 KEY = True
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LSN_STEP = 0x1000  # between transactions
 END_OFFSET = 0x28  # commit end LSN − commit LSN
 
@@ -158,7 +158,7 @@ class ChangeLog:
         full) or ``O``; ``unchanged`` columns are sent as ``'u'`` (null in ``new``)."""
         if old is not None and kind is None:
             kind = "O" if self.relation.replica_identity == "f" else "K"
-        image = self._image({**new, **{c: None for c in unchanged}})
+        image = self._image({**new, **dict.fromkeys(unchanged)})
         return self._add(
             _cdc_op="update",
             _cdc_old_kind=kind,

@@ -52,6 +52,7 @@ def mirror_of(pg: Database, spark: Any, tmp_path: Path):  # type: ignore[no-unty
 DOC_FILTER = "a > 5 AND c = 'NSW'"
 
 
+@pytest.mark.slow
 def test_row_filter_documentation_example(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """The example of https://www.postgresql.org/docs/current/logical-replication-row-filter.html
     (section "Examples", publication ``p1 … WHERE (a > 5 AND c = 'NSW')``), reproduced with the
@@ -304,6 +305,7 @@ def plan_pending(mirror: Mirror, table: str) -> tuple[Any, Any, int]:
     return target, plan, checkpoint.lsn
 
 
+@pytest.mark.slow
 def test_exactly_once(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """A second apply on the same checkpoint is skipped and writes no Delta version; a plan
     written twice for the same LSN (a crash after the write, before anything else noticed) is
@@ -389,6 +391,7 @@ def damaged(files: dict[Path, bytes]) -> Iterator[None]:
             path.write_bytes(content)
 
 
+@pytest.mark.slow
 def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """A batch that changes only recent keys of a serial key reads only the files that can hold
     them: the MERGE carries the batch's key range, and Delta skips every file whose statistics lie
@@ -428,6 +431,7 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
     mirror.check("public.ev")
 
 
+@pytest.mark.slow
 def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -> None:  # type: ignore[no-untyped-def]
     """The range covers every key of the plan, deleted ones included, and exists only where the
     first key column's order is the same in Arrow, Spark and Delta's statistics and no key is
@@ -464,6 +468,7 @@ def delta_types(mirror: Mirror, table: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_schema_changes_between_and_inside_batches(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """ADD COLUMN, DROP COLUMN, ALTER COLUMN TYPE int → bigint and varchar(10) → text: between
     syncs (``ev``) and all inside one batch (``ev1``); the Delta schema follows and the data
@@ -574,6 +579,7 @@ TYPED_ROWS = [
 ]
 
 
+@pytest.mark.slow
 def test_column_types(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """Every common type, through the snapshot and through changes, keyed (``ty``) and as a
     REPLICA IDENTITY FULL multiset (``tyf``, whose rows are matched on all these columns): the
@@ -617,6 +623,7 @@ def test_column_types(mirror_of) -> None:  # type: ignore[no-untyped-def]
 # -- the command line --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """``cdc-assets sync`` drains and applies every table, ``cdc-assets apply --table T`` only T;
     each prints a summary per table (its own Spark session, in a subprocess)."""
@@ -655,6 +662,7 @@ def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-unt
     mirror.check("public.cb")
 
 
+@pytest.mark.slow
 def test_local_sessions_rebuild_delta_state_with_few_tasks() -> None:
     """Delta's default of 50 tasks to rebuild a table's state made every read and MERGE of a
     small table take tens of seconds on two local cores."""

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.apply.target import app_id, applied_lsn
@@ -65,6 +66,8 @@ from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
 from tests.support.pipeline import wait_until
 from tests.support.workload import Workload, write_config
+
+pytestmark = pytest.mark.slow  # not in the quick tier
 
 KILLS = int(os.environ.get("CDC_CRASH_KILLS", "20"))
 SEED = int(os.environ.get("CDC_CRASH_SEED", "4242"))

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.config import Config, load_config
@@ -47,6 +48,8 @@ from cdc_assets.setup import setup
 from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, report
 from tests.support.workload import Workload, WorkloadStats, log_coverage, write_config
+
+pytestmark = pytest.mark.slow  # not in the quick tier
 
 SEEDS = int(os.environ.get("CDC_DIFF_SEEDS", "20"))
 SEED_LIST = [int(s) for s in os.environ.get("CDC_DIFF_SEED_LIST", "").split(",") if s.strip()]

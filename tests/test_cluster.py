@@ -36,6 +36,8 @@ from cdc_assets.apply.session import delta_package
 from tests.conftest import Database
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
 
+pytestmark = pytest.mark.slow  # not in the quick tier
+
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 TABLES = {"public.customers": None, "public.orders": "status <> 'draft'"}  # table -> row filter

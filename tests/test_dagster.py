@@ -331,6 +331,7 @@ def ensure_incremental_merges(env: DagsterEnv) -> None:
     assert all(env.version(t) >= 1 for t in TABLES)
 
 
+@pytest.mark.slow
 def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: DagsterEnv, spark: Any) -> None:
     ensure_incremental_merges(env)
     checkpoint = env.checkpoint_lsn()
@@ -381,6 +382,7 @@ def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: Da
 # -- 4. asset checks -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: DagsterEnv, spark: Any) -> None:
     sync(env, 40)
     lag_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "lag") for t in TABLES]
@@ -455,6 +457,7 @@ def commit_at(db: Database, moment: datetime, *statements: str) -> None:
             conn.execute("SELECT pg_replication_origin_session_reset()")
 
 
+@pytest.mark.slow
 def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: DagsterEnv) -> None:
     today = datetime.now(UTC).date()
     first, empty, last = (today - timedelta(days=n) for n in (3, 2, 1))
@@ -562,6 +565,7 @@ def history_view(row: dict[str, Any], before: str, after: str) -> dict[str, Any]
 # -- 6. pools and the run queue --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
     pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

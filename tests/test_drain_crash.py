@@ -21,6 +21,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.support.crash import (
     BATCH_FILES,
     SCHEMA_SQL,
@@ -98,6 +100,7 @@ def _next_kill(kills: Counter[str], landed: Counter[str], quota: dict[str, int],
     return rng.choices(list(short), weights=list(short.values()))[0]
 
 
+@pytest.mark.slow
 def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
     """Kills go on until every quota has landed (a drain that finishes first is a miss, not a
     kill), so the count never depends on the machine's speed; a deadline fails loudly."""

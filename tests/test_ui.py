@@ -41,6 +41,8 @@ from tests.conftest import Database
 from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_config
 from tests.support.pipeline import wait_until
 
+pytestmark = pytest.mark.slow  # not in the quick tier
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CRON = "*/7 * * * *"  # not the default: the schedule the UI shows comes from the file
 SLOT = "cdc_ui_slot"  # slot names are per cluster: not the other Dagster tests' slot

@@ -65,7 +65,7 @@ from cdc_assets.setup import setup
 from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
 from tests.support.pipeline import wait_until
-from tests.support.workload import Workload, write_config
+from tests.support.workload import Workload, write_workload_config
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
@@ -89,7 +89,7 @@ SPARK_CONF = {
 
 def write_crash_config(folder: Path, tables: list[str]) -> Path:
     source = {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000}
-    return write_config(folder, source, tables, spark={"master": "local[2]", "conf": SPARK_CONF})
+    return write_workload_config(folder, source, tables, spark={"master": "local[2]", "conf": SPARK_CONF})
 
 
 class Writer(threading.Thread):

@@ -47,7 +47,7 @@ from cdc_assets.drain import drain
 from cdc_assets.setup import setup
 from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, report
-from tests.support.workload import Workload, WorkloadStats, log_coverage, write_config
+from tests.support.workload import Workload, WorkloadStats, log_coverage, write_workload_config
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
@@ -89,7 +89,7 @@ def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
         workload.create()
         workload.populate()
         config = load_config(
-            write_config(
+            write_workload_config(
                 folder, {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot}, workload.tables
             ),
             environ={DSN_VARIABLE: db.dsn},

@@ -64,7 +64,7 @@ from tests.support.dagster_env import (
     ThreadRunLauncher,
     execute,
     load_code_location,
-    write_config,
+    write_dagster_config,
 )
 from tests.support.delta_read import canonical, difference, rust_table
 from tests.support.pipeline import wait_until
@@ -114,7 +114,7 @@ def create_source(db: Database, folder: Path, slot: str = SLOT) -> None:
     """The three tables with rows, the configuration file, and ``cdc-assets setup``."""
     with db.connect() as conn:
         conn.execute(DDL)
-    write_config(folder / "cdc.yaml", slot=slot)
+    write_dagster_config(folder / "cdc.yaml", slot=slot)
     setup(load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: db.dsn}))
 
 
@@ -198,9 +198,9 @@ def expected_keys() -> dict[str, set[str]]:
 
 
 def test_code_location_loads_with_dg_and_lists_its_definitions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    custom = write_config(tmp_path / "custom" / "cdc.yaml", cron="*/7 * * * *")
-    literal = write_config(tmp_path / "literal" / "cdc.yaml", dsn=SECRET_DSN)
-    default = write_config(tmp_path / "default" / "cdc.yaml")
+    custom = write_dagster_config(tmp_path / "custom" / "cdc.yaml", cron="*/7 * * * *")
+    literal = write_dagster_config(tmp_path / "literal" / "cdc.yaml", dsn=SECRET_DSN)
+    default = write_dagster_config(tmp_path / "default" / "cdc.yaml")
     # The three dg commands run side by side (each loads the code location in its own process).
     check = dg_command("check", "defs", config=custom, dsn=SECRET_DSN)
     listing = dg_command("list", "defs", "--json", config=custom, dsn=SECRET_DSN)
@@ -422,7 +422,7 @@ def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: Da
 
     # A lag bound smaller than the lag: the same check, built from a file with a 1-byte bound.
     strict = env.folder / "cdc-strict.yaml"
-    write_config(strict, max_lag_bytes=1)
+    write_dagster_config(strict, max_lag_bytes=1)
     env.transactions(["INSERT INTO public.scratch VALUES (1)"])  # WAL past every applied LSN
     strict_defs = build_definitions(load_settings(str(strict)))
     checks = check_results(execute(strict_defs, env.instance, dg.AssetSelection.checks(*lag_keys), name="strict_lag"))

@@ -40,7 +40,7 @@ XID = "SELECT pg_current_xact_id()::text::int8"
 RANDOM_20K = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 640))"
 
 
-class Workload:
+class XidRecorder:
     """Commits transactions on one connection and remembers, in commit order, the xid of each one
     the slot must deliver (it changes a published table or emits a transactional message)."""
 
@@ -74,8 +74,8 @@ class Workload:
 
 
 @pytest.fixture
-def workload(pg: Database) -> Iterator[Workload]:
-    w = Workload(pg)
+def workload(pg: Database) -> Iterator[XidRecorder]:
+    w = XidRecorder(pg)
     yield w
     w.close()
 
@@ -201,14 +201,14 @@ def test_mixed_workload(pg_any: Database, tmp_path: Path) -> None:
     db.execute(SCHEMA)
     pipe = Pipeline(db, tmp_path, TABLES)
     pipe.setup()
-    w = Workload(db)
+    w = XidRecorder(db)
     try:
         _mixed_workload(db, pipe, w)
     finally:
         w.close()
 
 
-def _mixed_workload(db: Database, pipe: Pipeline, w: Workload) -> None:
+def _mixed_workload(db: Database, pipe: Pipeline, w: XidRecorder) -> None:
     # Round 1, streaming off: every operation and column kind, TOAST, savepoints, a spilled
     # transaction, prepared transactions, messages, an origin.
     w.tx(KINDS_ROW, "INSERT INTO kinds (id) VALUES (11)")
@@ -295,7 +295,7 @@ def _mixed_workload(db: Database, pipe: Pipeline, w: Workload) -> None:
 
     # Round 2, streaming on, drained on the command line: a streamed transaction with
     # subtransaction aborts stays open across a drain while other transactions commit; TRUNCATE.
-    pipe.write_config(streaming="on")
+    pipe.update_source(streaming="on")
     other = db.connect()
     try:
         other.execute("BEGIN")
@@ -341,7 +341,7 @@ def _mixed_workload(db: Database, pipe: Pipeline, w: Workload) -> None:
     # Round 3: parallel streaming on 16+ (on again on 15), a big prepared transaction, more writes
     # between drains.
     mode = "parallel" if db.version >= 16 else "on"
-    pipe.write_config(streaming=mode)
+    pipe.update_source(streaming=mode)
     big = w.prepare("p3", *big_transaction("idx_t", 40_000, 3000))
     w.tx("UPDATE kinds SET big = 'now inline' WHERE id = 20", "DELETE FROM kinds WHERE id = 22")
     pipe.drain()
@@ -361,7 +361,7 @@ def _mixed_workload(db: Database, pipe: Pipeline, w: Workload) -> None:
     assert_transactions_log(pipe, w.xids)
     assert len(replica["public.idx_t"]) == db.execute("SELECT count(*) FROM idx_t")[0][0] > 9000
     # Round 4, binary format: the same kinds of values as send-function bytes.
-    pipe.write_config(streaming="off", binary=True)
+    pipe.update_source(streaming="off", binary=True)
     w.tx(KINDS_ROW.replace("(10,", "(30,"), "INSERT INTO kinds (id, n, f, nu) VALUES (31, 'NaN', 'Infinity', 'NaN')")
     w.tx(
         "UPDATE kinds SET ts = '-infinity', d = '0044-03-15 BC', iv = '-1 days +02:03:04', tt = '24:00:00+01',"
@@ -379,7 +379,7 @@ def _mixed_workload(db: Database, pipe: Pipeline, w: Workload) -> None:
     assert db.execute("SELECT two_phase FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == [(False,)]
 
 
-def test_session_settings_do_not_change_values(pg: Database, tmp_path: Path, workload: Workload) -> None:
+def test_session_settings_do_not_change_values(pg: Database, tmp_path: Path, workload: XidRecorder) -> None:
     """The source DSN sets a time zone, date and interval styles, bytea output and float digits
     that would all change value text; setup and drain pin their own (invariant 5)."""
     options = (
@@ -409,7 +409,7 @@ def test_session_settings_do_not_change_values(pg: Database, tmp_path: Path, wor
 
 
 def test_bounded_memory_paths(
-    pg: Database, tmp_path: Path, workload: Workload, monkeypatch: pytest.MonkeyPatch
+    pg: Database, tmp_path: Path, workload: XidRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With tiny row blocks and conversion chunks and a spill budget of one byte, every buffered chunk of every
     transaction is converted early and spilled to a temporary Arrow file, also inside streamed
@@ -437,7 +437,7 @@ def test_bounded_memory_paths(
         w.tx(f"INSERT INTO other VALUES ({i}, 'x')", f"INSERT INTO idx_t VALUES ({i}, {i}, 'small')")
     w.tx(*big_transaction("idx_t", 1000, 1500))
     w.tx("TRUNCATE other", "INSERT INTO other SELECT g, 'y' FROM generate_series(1, 200) g")
-    pipe.write_config(streaming="off")
+    pipe.update_source(streaming="off")
     w.tx(*big_transaction("idx_t", 5000, 1500))
     w.tx("UPDATE other SET v = 'z' WHERE id % 3 = 0", "DELETE FROM idx_t WHERE a % 5 = 0")
     pipe.drain(spill_dir=str(tmp_path))
@@ -449,7 +449,7 @@ def test_bounded_memory_paths(
 # --- two-phase slot -------------------------------------------------------------------------
 
 
-def test_two_phase_slot(pg: Database, tmp_path: Path, workload: Workload) -> None:
+def test_two_phase_slot(pg: Database, tmp_path: Path, workload: XidRecorder) -> None:
     pg.execute("CREATE TABLE t (a int PRIMARY KEY, b int, v text); INSERT INTO t VALUES (1, 1, 'snap')")
     pipe = Pipeline(pg, tmp_path, ["public.t"], source={"two_phase": True})
     pipe.setup()
@@ -489,7 +489,7 @@ def test_two_phase_slot(pg: Database, tmp_path: Path, workload: Workload) -> Non
     pg.execute("ROLLBACK PREPARED 'g2'")
     g3 = w.prepare("g3", "UPDATE t SET a = 30 WHERE a = 3")
     w.commit_prepared("g3", g3)  # prepared and committed within one drain
-    pipe.write_config(streaming="on")
+    pipe.update_source(streaming="on")
     g4 = w.prepare("g4", *big_transaction("t", 1000, 3000))  # streamed, then Stream Prepare
     assert stream_starts(pg, "on") >= 1
     pipe.drain()
@@ -511,7 +511,7 @@ def test_two_phase_slot(pg: Database, tmp_path: Path, workload: Workload) -> Non
 # --- schema changes ---------------------------------------------------------------------------
 
 
-def test_schema_changes(pg: Database, tmp_path: Path, workload: Workload) -> None:
+def test_schema_changes(pg: Database, tmp_path: Path, workload: XidRecorder) -> None:
     pg.execute(
         "CREATE TABLE evo (id int PRIMARY KEY, a int, s varchar(20), gone text);"
         " INSERT INTO evo VALUES (1, 1, 'one', 'g1'), (2, 2, 'two', 'g2')"
@@ -579,7 +579,7 @@ def test_schema_changes(pg: Database, tmp_path: Path, workload: Workload) -> Non
     assert replay(pipe.changelog)["public.evo"].schema_versions == [1, 2, 3, 4, 5, 6, 7]
     pipe.assert_mirrors()
     # Inside a streamed transaction.
-    pipe.write_config(streaming="on")
+    pipe.update_source(streaming="on")
     w.tx(
         "INSERT INTO evo (id, a, s) SELECT g, g, repeat('s', 40) FROM generate_series(100, 2099) g",
         "ALTER TABLE evo ADD COLUMN z int",
@@ -607,7 +607,7 @@ def bounded_progress(limit: int) -> tuple[list[DrainProgress], Any]:
 
 
 @pytest.mark.parametrize("streaming", ["off", "on"])
-def test_small_batches(pg: Database, tmp_path: Path, workload: Workload, streaming: str) -> None:
+def test_small_batches(pg: Database, tmp_path: Path, workload: XidRecorder, streaming: str) -> None:
     """``batch_changes: 7``: many batches, each starting where the last one's checkpoint ended;
     a transaction larger than the limit is drained whole without livelock."""
     pg.execute("CREATE TABLE idx_t (a int PRIMARY KEY, b int, v text)")
@@ -671,7 +671,7 @@ def test_heartbeat_moves_an_idle_slot(pg: Database, tmp_path: Path) -> None:
     idle = pipe.drain()
     assert idle.transactions == 0 and idle.checkpoint_lsn == idle.start_lsn == pipe.confirmed_flush()
     written = pipe.flush_lsn()
-    pipe.write_config(heartbeat=True)
+    pipe.update_source(heartbeat=True)
     beat = pipe.drain()
     assert beat.transactions == 1 and beat.checkpoint_lsn > written and pipe.confirmed_flush() == beat.checkpoint_lsn
     (message,) = pipe.reader.messages().to_pylist()
@@ -699,7 +699,7 @@ def spy_replays(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return replayed
 
 
-def test_checkpoint_behind_the_slot_is_refused(pg: Database, tmp_path: Path, workload: Workload) -> None:
+def test_checkpoint_behind_the_slot_is_refused(pg: Database, tmp_path: Path, workload: XidRecorder) -> None:
     """The change log restored to an older checkpoint while the slot moved on: the slot is ahead
     of the checkpoint, so the transactions in between would be lost — refuse, touch nothing."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -725,7 +725,7 @@ def test_checkpoint_behind_the_slot_is_refused(pg: Database, tmp_path: Path, wor
 
 
 def test_killed_after_checkpoint_advances_first(
-    pg: Database, tmp_path: Path, workload: Workload, monkeypatch: pytest.MonkeyPatch
+    pg: Database, tmp_path: Path, workload: XidRecorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A drain killed between checkpoint and slot advance: the slot is behind the checkpoint. The
     next drain advances it first and logs nothing twice."""
@@ -752,7 +752,7 @@ def test_killed_after_checkpoint_advances_first(
 
 @pytest.mark.parametrize("batch_changes", [100_000, 7])
 def test_rewound_slot_replays_are_skipped(
-    pg: Database, tmp_path: Path, workload: Workload, monkeypatch: pytest.MonkeyPatch, batch_changes: int
+    pg: Database, tmp_path: Path, workload: XidRecorder, monkeypatch: pytest.MonkeyPatch, batch_changes: int
 ) -> None:
     """A slot behind the checkpoint that is *not* advanced first (as if the server had lost the
     advance again) re-sends transactions the log holds: the drain skips every one at or below the
@@ -795,7 +795,7 @@ def refused(pipe: Pipeline, error: type[CdcError], message: str) -> None:
 
 
 @pytest.fixture
-def ready(pg: Database, tmp_path: Path, workload: Workload) -> Pipeline:
+def ready(pg: Database, tmp_path: Path, workload: XidRecorder) -> Pipeline:
     """A set-up pipeline with one drained and one pending transaction."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     pipe = Pipeline(pg, tmp_path, ["public.t"])
@@ -884,7 +884,7 @@ def test_refuses_bad_config_and_missing_setup(pg: Database, tmp_path: Path) -> N
     checkpoint = pipe.checkpoint_bytes()
     unset = pipe.cli("drain", env={k: v for k, v in pipe.environ.items() if k != "CDC_SOURCE_DSN"})
     assert unset.returncode == 2 and unset.stderr.endswith("environment variable CDC_SOURCE_DSN is not set\n")
-    pipe.write_config(batch_size=10)
+    pipe.update_source(batch_size=10)
     unknown = pipe.cli("drain")
     assert unknown.returncode == 2 and unknown.stderr.endswith("source.batch_size: unknown setting\n")
     assert pipe.checkpoint_bytes() == checkpoint
@@ -893,7 +893,7 @@ def test_refuses_bad_config_and_missing_setup(pg: Database, tmp_path: Path) -> N
 # --- concurrent drains ----------------------------------------------------------------------
 
 
-def test_two_drains_never_interleave(pg: Database, tmp_path: Path, workload: Workload) -> None:
+def test_two_drains_never_interleave(pg: Database, tmp_path: Path, workload: XidRecorder) -> None:
     """While a drain runs, a second one exits with the lock message; with ``--wait`` it runs
     after the first finished: its batches start where the first one's checkpoint ended."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")

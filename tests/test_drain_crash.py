@@ -27,9 +27,9 @@ from tests.support.crash import (
     BATCH_FILES,
     SCHEMA_SQL,
     DrainMonitor,
+    LedgerWorkload,
     LogState,
     LogTracker,
-    Workload,
     WriterThread,
     assert_no_litter,
     describe,
@@ -41,7 +41,7 @@ from tests.support.crash import (
     run_drain_killed_in_checkpoint_replace,
     start_drain,
     verify_log,
-    write_config,
+    write_ledger_config,
 )
 from tests.support.pipeline import wait_until
 
@@ -62,7 +62,7 @@ def _setup(pg, tmp_path: Path) -> tuple[Path, str]:
         for sql in SCHEMA_SQL:
             conn.execute(sql)
     slot = f"crash_{pg.name}".lower()
-    config = write_config(tmp_path, slot, batch_changes=BATCH_CHANGES)
+    config = write_ledger_config(tmp_path, slot, batch_changes=BATCH_CHANGES)
     result = run_cli(config, pg.dsn, "setup")
     assert result.returncode == 0, describe(result)
     return config, slot
@@ -113,7 +113,7 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
     config, slot = _setup(pg, tmp_path)
     root = tmp_path / "changelog"
     monitor = DrainMonitor(pg.dsn)
-    workload = Workload(pg.dsn, seed, large_share=0.02)
+    workload = LedgerWorkload(pg.dsn, seed, large_share=0.02)
     writer = WriterThread(workload, WRITER_RATE)
     tracker = LogTracker(root)
 
@@ -240,7 +240,7 @@ def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
 def _killed_at(pg, tmp_path: Path, point: str, n: int, transactions: int = 300):
     """Set up, commit ``transactions``, run a drain that dies at the n-th pass of ``point``."""
     config, slot = _setup(pg, tmp_path)
-    workload = Workload(pg.dsn, seed=n)
+    workload = LedgerWorkload(pg.dsn, seed=n)
     for _ in range(transactions):
         workload.transact()
     result = run_cli(config, pg.dsn, "drain", fault=f"{point}:{n}")
@@ -257,7 +257,7 @@ def _logged_xids(root: Path) -> list[int]:
     return txns.column("xid").to_pylist() if txns.num_rows else []
 
 
-def _finish(pg, config: Path, slot: str, workload: Workload, root: Path) -> None:
+def _finish(pg, config: Path, slot: str, workload: LedgerWorkload, root: Path) -> None:
     drain_to_end(config, pg.dsn, slot)
     verified = verify_log(root, pg.dsn, slot, workload)
     assert verified.transactions == workload.count
@@ -342,7 +342,7 @@ def test_kill_while_replacing_the_checkpoint_leaves_no_stale_file(pg, tmp_path: 
     (random kills land there now and then) must not leave that file behind for good."""
     config, slot = _setup(pg, tmp_path)
     root = tmp_path / "changelog"
-    workload = Workload(pg.dsn, seed=3)
+    workload = LedgerWorkload(pg.dsn, seed=3)
     for _ in range(300):
         workload.transact()
     result = run_drain_killed_in_checkpoint_replace(config, pg.dsn, 3)

@@ -296,7 +296,7 @@ def test_setup_refusals(pg: Database, tmp_path: Path, role: str) -> None:
     assert unset.stderr == (
         f"cdc-assets: configuration error: {pipe.config_path}, line 2: environment variable CDC_SOURCE_DSN is not set\n"
     )
-    pipe.write_config(bogus=1)
+    pipe.update_source(bogus=1)
     unknown = pipe.cli("setup")
     assert unknown.returncode == 2
     assert unknown.stderr == f"cdc-assets: configuration error: {pipe.config_path}: source.bogus: unknown setting\n"

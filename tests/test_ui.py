@@ -3,7 +3,7 @@
 Chromium driven over the Chrome DevTools protocol.
 
 The webserver loads ``-m dagster_project.definitions`` with ``CDC_CONFIG`` pointing to a config
-written by :func:`tests.support.dagster_env.write_config` (a custom drain cron, so the schedule the
+written by :func:`tests.support.dagster_env.write_dagster_config` (a custom drain cron, so the schedule the
 UI shows is the file's) and ``CDC_SOURCE_DSN`` of a throwaway database on which ``cdc-assets setup``
 has run. Every page is checked for what it renders (``document.body.innerText``), waited for with a
 timeout, never a sleep. A drain is launched through the webserver's GraphQL endpoint, executed by
@@ -38,7 +38,7 @@ from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.setup import setup
 from tests.conftest import Database
-from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_config
+from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_dagster_config
 from tests.support.pipeline import wait_until
 
 pytestmark = pytest.mark.slow  # not in the quick tier
@@ -296,7 +296,7 @@ def ui(pg_module: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     folder = tmp_path_factory.mktemp("ui")
     with pg_module.connect() as conn:
         conn.execute(DDL)
-    config = write_config(folder / "cdc.yaml", cron=CRON, slot=SLOT)
+    config = write_dagster_config(folder / "cdc.yaml", cron=CRON, slot=SLOT)
     setup(load_config(config, environ={DSN_VARIABLE: pg_module.dsn}))
 
     home = folder / "dagster_home"

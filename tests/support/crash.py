@@ -1,8 +1,8 @@
 """Building blocks for the drain crash tests (``tests/test_drain_crash.py``).
 
-* :func:`write_config` / :func:`run_cli` / :func:`start_drain`: the real ``cdc-assets`` command as a
+* :func:`write_ledger_config` / :func:`run_cli` / :func:`start_drain`: the real ``cdc-assets`` command as a
   subprocess, configured by a YAML file and ``CDC_SOURCE_DSN``.
-* :class:`Workload`: one connection that commits transactions touching two tables (and sometimes
+* :class:`LedgerWorkload`: one connection that commits transactions touching two tables (and sometimes
   logical decoding messages). Being a single connection, the order in which its COMMITs return is
   the server's commit order; every transaction records its xid, so the change log's transactions
   can be matched to the writer's one by one. :class:`WriterThread` runs it continuously.
@@ -59,7 +59,7 @@ SCHEMA_SQL = (
 # -- the command line --------------------------------------------------------------------------
 
 
-def write_config(directory: Path, slot: str, *, batch_changes: int = 50, streaming: str = "off") -> Path:
+def write_ledger_config(directory: Path, slot: str, *, batch_changes: int = 50, streaming: str = "off") -> Path:
     path = directory / "cdc.yaml"
     path.write_text(
         "source:\n"
@@ -209,7 +209,7 @@ class Committed:
     large: bool
 
 
-class Workload:
+class LedgerWorkload:
     """Transactions on one connection; keeps an exact model of what it committed.
 
     Each transaction ``seq`` inserts rows into ``events`` carrying ``seq``, updates and deletes
@@ -312,10 +312,10 @@ class Workload:
 
 
 class WriterThread(threading.Thread):
-    """Runs a :class:`Workload` at about ``rate`` transactions per second until stopped;
+    """Runs a :class:`LedgerWorkload` at about ``rate`` transactions per second until stopped;
     :meth:`burst` asks for that many more transactions as fast as the server takes them."""
 
-    def __init__(self, workload: Workload, rate: float) -> None:
+    def __init__(self, workload: LedgerWorkload, rate: float) -> None:
         super().__init__(name="crash-writer", daemon=True)
         self.workload = workload
         self.rate = rate
@@ -474,7 +474,7 @@ class Verified:
     litter: list[str] = field(default_factory=list)
 
 
-def verify_log(root: Path, dsn: str, slot: str, workload: Workload) -> Verified:
+def verify_log(root: Path, dsn: str, slot: str, workload: LedgerWorkload) -> Verified:
     """Everything the writer committed is in the log exactly once, in commit order, nothing else
     is; each transaction is whole; replaying the log gives the source's tables; the slot is at
     the checkpoint; no file outside the checkpoint is left."""

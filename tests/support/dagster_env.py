@@ -86,7 +86,7 @@ def config_document(
     return document
 
 
-def write_config(path: Path, **settings: Any) -> Path:
+def write_dagster_config(path: Path, **settings: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config_document(**settings), sort_keys=False))
     return path

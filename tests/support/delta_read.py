@@ -97,14 +97,14 @@ def source_rows(conn: psycopg.Connection[Any], table: str, where: str | None = N
 # -- comparing -------------------------------------------------------------------------------------
 
 
-def freeze(value: Any) -> Any:
+def freeze_comparable(value: Any) -> Any:
     """A hashable, self-equal form of a value."""
     if isinstance(value, float) and math.isnan(value):
         return ("NaN",)
     if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
+        return tuple(freeze_comparable(v) for v in value)
     if isinstance(value, dict):
-        return tuple((k, freeze(v)) for k, v in value.items())
+        return tuple((k, freeze_comparable(v)) for k, v in value.items())
     if isinstance(value, datetime) and value.tzinfo is not None:
         return ("instant", value.astimezone(UTC).replace(tzinfo=None))
     if isinstance(value, (bytearray, memoryview)):
@@ -123,7 +123,7 @@ def split_metadata(rows: Iterable[Row]) -> tuple[list[Row], list[Row]]:
 
 def canonical(rows: Iterable[Row]) -> Counter[tuple[tuple[str, Any], ...]]:
     """The multiset of rows, each a tuple of (column, frozen value) in column-name order."""
-    return Counter(tuple(sorted((k, freeze(v)) for k, v in row.items())) for row in rows)
+    return Counter(tuple(sorted((k, freeze_comparable(v)) for k, v in row.items())) for row in rows)
 
 
 def difference(

@@ -333,28 +333,28 @@ def _required(image: Row | None, where: str) -> Row:
 
 def _key(row: Row | None, columns: Sequence[str]) -> tuple[Any, ...]:
     assert row is not None
-    return tuple(freeze(row.get(c)) for c in columns)
+    return tuple(freeze_exact(row.get(c)) for c in columns)
 
 
 def _take_equal(bag: list[Row], old: Row | None) -> Row | None:
     """Remove and return one row equal to ``old`` on ``old``'s columns."""
     assert old is not None
-    wanted = {c: freeze(v) for c, v in old.items()}
+    wanted = {c: freeze_exact(v) for c, v in old.items()}
     for i, row in enumerate(bag):
-        if all(freeze(row.get(c)) == v for c, v in wanted.items()):
+        if all(freeze_exact(row.get(c)) == v for c, v in wanted.items()):
             return bag.pop(i)
     return None
 
 
-def freeze(value: Any) -> Any:
+def freeze_exact(value: Any) -> Any:
     """A hashable, self-equal, exact form of a value: lists → tuples, dicts → item tuples, floats
     → their hex form (NaN equals NaN, -0.0 differs from 0.0)."""
     if isinstance(value, float):
         return ("float", value.hex() if not math.isnan(value) else "nan")
     if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
+        return tuple(freeze_exact(v) for v in value)
     if isinstance(value, dict):
-        return tuple((k, freeze(v)) for k, v in value.items())
+        return tuple((k, freeze_exact(v)) for k, v in value.items())
     return value
 
 
@@ -448,7 +448,7 @@ def diff_table(replica: TableReplica, source: SourceTable) -> list[str]:
                 lines.append(f"key {key}: only in the change log: {_show(a)}")
             else:
                 for column in source.columns:
-                    if freeze(a.get(column)) != freeze(b.get(column)):
+                    if freeze_exact(a.get(column)) != freeze_exact(b.get(column)):
                         lines.append(
                             f"key {key}, column {column}: change log {_short(a.get(column))}, source {_short(b.get(column))}"
                         )
@@ -497,7 +497,7 @@ def assert_mirrors(changelog: str, conn: psycopg.Connection[Any] | str, tables: 
 
 
 def _frozen_row(row: Row, columns: Sequence[str]) -> tuple[tuple[str, Any], ...]:
-    return tuple((c, freeze(row.get(c))) for c in columns)
+    return tuple((c, freeze_exact(row.get(c))) for c in columns)
 
 
 def _short(value: Any, limit: int = 120) -> str:

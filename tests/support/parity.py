@@ -16,7 +16,7 @@
   large_string / string_view, binary variants, list / large_list, a UTC zone spelled ``UTC`` or
   ``+00:00``); then the columns are cast to exactly the expected type, which only changes layout.
 * Rows become Python values (``to_pylist`` via :func:`tests.support.oracle.to_python`), frozen
-  (lists → tuples, dicts → item tuples: :func:`tests.support.oracle.freeze`), and are compared as
+  (lists → tuples, dicts → item tuples: :func:`tests.support.oracle.freeze_exact`), and are compared as
   multisets (order-independent, duplicates counted). Decimals compare by value at the column's
   fixed scale, timestamps as UTC instants at µs, floats (none in these tables) bit for bit.
 
@@ -37,7 +37,7 @@ import pyarrow as pa
 from cdc_assets.apply.spark_types import to_delta_arrow
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.pgoutput.values import column_converter
-from tests.support.oracle import freeze, read_source_text, to_python
+from tests.support.oracle import freeze_exact, read_source_text, to_python
 
 CSTRING_OID = 2275
 # Session settings that make Delta's per-commit work cheaper on a small machine without changing
@@ -133,7 +133,7 @@ def conform(read: pa.Table, expected: pa.Schema, reader: str) -> tuple[pa.Table 
 
 def multiset(table: pa.Table) -> Counter[tuple[Any, ...]]:
     columns = [to_python(table.column(i)) for i in range(table.num_columns)]
-    return Counter(tuple(freeze(v) for v in row) for row in zip(*columns))
+    return Counter(tuple(freeze_exact(v) for v in row) for row in zip(*columns))
 
 
 def diff_multisets(

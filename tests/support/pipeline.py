@@ -66,7 +66,7 @@ class Pipeline:
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.write_config()
+        self.update_source()
 
     # -- configuration -------------------------------------------------------------------
 
@@ -86,7 +86,7 @@ class Pipeline:
             "tables": {t: {} for t in self.tables},
         }
 
-    def write_config(self, **source: Any) -> None:
+    def update_source(self, **source: Any) -> None:
         """Rewrite the file, with ``source`` settings changed (e.g. ``streaming="on"``)."""
         self.source.update(source)
         self.config_path.write_text(yaml.safe_dump(self.document(), sort_keys=False))

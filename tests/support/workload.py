@@ -48,7 +48,7 @@ import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -955,7 +955,7 @@ class Workload:
     def _timestamp(self) -> datetime:
         rng = self.rng
         offset = timedelta(minutes=rng.choice((0, 0, 60, -300, 330, 345, -570, 840)))
-        base = datetime(1950, 1, 1, tzinfo=timezone.utc) + timedelta(
+        base = datetime(1950, 1, 1, tzinfo=UTC) + timedelta(
             seconds=rng.randint(0, 120 * 365 * 86400), microseconds=rng.randint(0, 999_999)
         )
         return base.astimezone(timezone(offset))
@@ -1026,7 +1026,7 @@ def log_coverage(changelog: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def write_config(folder: Path, source: dict[str, Any], tables: list[str], **sections: Any) -> Path:
+def write_workload_config(folder: Path, source: dict[str, Any], tables: list[str], **sections: Any) -> Path:
     """``folder/cdc.yaml`` for the workload's ``tables`` (``schema.table``; the filtered ones with
     their row filter): ``source``, the change log and warehouse in ``folder``, and ``sections``."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ every decoded field against what the server knows: the peek's ``lsn``/``xid`` co
 inside it, the wall clock, the catalogs, and the stored values (each column through its type's
 output function under fixed session settings for text mode, ``<typsend>(col)`` for binary mode).
 
-Server behaviour these tests pin down, beyond the reference notes:
+Server behaviour these tests pin down, beyond what the protocol documentation says:
 
 * A domain column's Type message carries the domain's OID but its base type's namespace and name.
 * UPDATE/DELETE on a REPLICA IDENTITY NOTHING table are refused while a publication publishes them.

@@ -1,7 +1,7 @@
 """Unit tests of value conversion: every type and special case, text and binary, hand-made bytes.
 
-Binary layouts follow the types' send functions (pgoutput.md §9); ``tests/test_values_server.py``
-checks the same conversions against real servers.
+Binary layouts follow the types' send functions in PostgreSQL (``numeric_send`` and kin);
+``tests/test_values_server.py`` checks the same conversions against real servers.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def test_format_float(value: float, limit: int, text: str) -> None:
 
 
 def test_numeric_send_worked_examples() -> None:
-    """The layouts of pgoutput.md §9: -12.500 and NaN."""
+    """``numeric_send``'s layout: -12.500 and NaN."""
     assert numeric_send("-12.500") == bytes.fromhex("0002 0000 4000 0003 000c 1388")
     assert numeric_send("NaN") == bytes.fromhex("0000 0000 c000 0000")
     result = convert(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -25,6 +26,7 @@ _QUALIFIED = re.compile(rf"^({_IDENTIFIER_PART})(?:\.({_IDENTIFIER_PART}))?$")
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 Streaming = Literal["off", "on", "parallel"]
+_Choice = TypeVar("_Choice", bound=str)
 
 
 @dataclass(slots=True, frozen=True)
@@ -149,7 +151,7 @@ def load_config(path: str | os.PathLike[str] | None = None, environ: dict[str, s
     return parse_config(text, origin=file, environ=os.environ if environ is None else environ)
 
 
-def parse_config(text: str, *, origin: Path, environ: Any) -> Config:
+def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Config:
     """Validate configuration ``text``; ``origin`` names it in errors and anchors relative paths."""
     where = str(origin)
     try:
@@ -166,7 +168,7 @@ def parse_config(text: str, *, origin: Path, environ: Any) -> Config:
             dsn=source.text("dsn"),
             publication=source.text("publication", "cdc_pub"),
             slot=source.slot_name("slot", "cdc_slot"),
-            streaming=source.choice("streaming", ("off", "on", "parallel"), "off"),  # type: ignore[arg-type]
+            streaming=source.choice("streaming", ("off", "on", "parallel"), "off"),
             binary=source.flag("binary", False),
             two_phase=source.flag("two_phase", False),
             batch_changes=source.positive("batch_changes", 1_000_000),
@@ -186,7 +188,7 @@ def parse_config(text: str, *, origin: Path, environ: Any) -> Config:
     return config
 
 
-def _substitute(text: str, environ: Any, where: str) -> str:
+def _substitute(text: str, environ: Mapping[str, str], where: str) -> str:
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
         value = environ.get(name)
@@ -271,7 +273,7 @@ class _Reader:
             raise self.fail(key, "expected a mapping of names to values")
         return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
 
-    def choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+    def choice(self, key: str, choices: tuple[_Choice, ...], default: _Choice) -> _Choice:
         value = self.get(key, default)
         if value is False and "off" in choices:  # YAML reads a bare `off` as false
             value = "off"
@@ -280,7 +282,7 @@ class _Reader:
         if value not in choices:
             expected = " or ".join(repr(c) for c in choices)
             raise self.fail(key, f"expected {expected}, got {value!r}")
-        return str(value)
+        return choices[choices.index(value)]
 
     def tables(self, base: Path) -> tuple[TableConfig, ...]:
         raw = self.get("tables")
@@ -301,7 +303,7 @@ class _Reader:
                 TableConfig(
                     name=name,
                     row_filter=row_filter,
-                    truncate=table.choice("truncate", ("apply", "ignore"), "apply"),  # type: ignore[arg-type]
+                    truncate=table.choice("truncate", ("apply", "ignore"), "apply"),
                     target=_location(target, base) if isinstance(target, str) else None,
                 )
             )

@@ -43,6 +43,7 @@ from cdc_assets.source import (
     require_usable_slot,
     server_major,
 )
+from cdc_assets.source.connection import one_row
 from cdc_assets.source.receiver import POOL as PEEK_CHILDREN
 from cdc_assets.transactions import TransactionAssembler
 
@@ -195,7 +196,7 @@ def _reconcile(reader: SlotReader, slot: SlotState, checkpoint: Checkpoint) -> N
 
 
 def _flush_lsn(conn: psycopg.Connection[Any]) -> int:
-    (lsn,) = conn.execute("SELECT (pg_current_wal_flush_lsn() - '0/0')::int8").fetchone()
+    (lsn,) = one_row(conn.execute("SELECT (pg_current_wal_flush_lsn() - '0/0')::int8"))
     return int(lsn)
 
 
@@ -223,7 +224,9 @@ def _describer(
         schema = cache.get(key)
         if schema is None:
             user_types = [c.type_oid for c in message.columns if c.type_oid >= FIRST_USER_OID]
-            missing = [oid for oid in user_types if catalog.get(oid) is None or catalog.get(oid).category == "u"]
+            missing = [
+                oid for oid in user_types if (known_type := catalog.get(oid)) is None or known_type.category == "u"
+            ]
             if missing:
                 for info in load_type_catalog(conn, missing):
                     catalog.add(info)

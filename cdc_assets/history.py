@@ -68,7 +68,7 @@ def write_history(spark: SparkSession, path: str, rows: pa.Table, day: date, tab
     for key, value in table_properties.items():
         writer = writer.option(key, value)
     writer.save(path)
-    return rows.num_rows
+    return int(rows.num_rows)
 
 
 def _image(chunks: list[RecordChunk], relation: RelationSchema, image: str) -> pa.StructArray:

@@ -89,7 +89,7 @@ def _blocks(conn: psycopg.Connection[Any], request: dict[str, Any]) -> Iterator[
             datas = list(map(_DATA, rows))
             yield array("q", map(_LSN, rows)), array("q", accumulate(map(len, datas))), b"".join(datas)
     finally:
-        stream.close()
+        stream.close()  # type: ignore[attr-defined]  # a generator, which psycopg annotates as Iterator
 
 
 def _peek(conn: psycopg.Connection[Any], request: dict[str, Any], out: int) -> None:

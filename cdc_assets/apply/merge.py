@@ -162,7 +162,7 @@ def _merge_keyed(
 ) -> MergeCounts:
     if plan.rows.nbytes <= BROADCAST_SOURCE_BYTES:
         source = F.broadcast(source)
-    values = {_q(c): f"s.{_q(c)}" for c in columns}
+    values: dict[str, str | Column] = {_q(c): f"s.{_q(c)}" for c in columns}
     delete = f"s.{ACTION} = '{DELETE}'" + (f" OR NOT s.{MATCH}" if filtered else "")
     insert = f"s.{ACTION} = '{UPSERT}'" + (f" AND s.{MATCH}" if filtered else "")
     condition = F.expr(_null_safe("t", "s", list(plan.key)))
@@ -243,7 +243,7 @@ def _merge_multiset(
         .withColumn(KIND, F.lit("insert"))
     )
     merge_source = deletes.select(*columns, KIND).unionByName(inserts.select(*columns, KIND))
-    values = {_q(c): f"s.{_q(c)}" for c in columns}
+    values: dict[str, str | Column] = {_q(c): f"s.{_q(c)}" for c in columns}
     merge = (
         DeltaTable.forPath(target.spark, target.path)
         .alias("t")

@@ -89,7 +89,9 @@ def apply_table(
     target = delta_target(config, table, spark)
     applied = target.applied_lsn()
     result = TableApplied(name, target.path, applied)
-    state = reader.checkpoint().tables.get(name)  # type: ignore[union-attr]
+    checkpoint = reader.checkpoint()
+    assert checkpoint is not None  # the caller applies up to its LSN
+    state = checkpoint.tables.get(name)
     if state is None:
         result.skipped = "not in the change log (not published, or set up before it was configured)"
         return result

@@ -9,6 +9,8 @@ produce. Both directions are vectorized and exact; every other type is stored as
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,7 +21,8 @@ INTERVAL_STORAGE = pa.struct(
 )
 TYPE_KEY = b"cdc_assets.type"
 _INTERVAL_MARK = {TYPE_KEY: b"month_day_nano_interval"}
-_LAYOUT = np.dtype([("months", "<i4"), ("days", "<i4"), ("nanoseconds", "<i8")])
+_FIELDS = ("months", "days", "nanoseconds")
+_LAYOUT = np.dtype(list(zip(_FIELDS, ("<i4", "<i4", "<i8"), strict=True)))
 
 
 def storage_schema(schema: pa.Schema) -> pa.Schema:
@@ -112,7 +115,7 @@ def _encode(array: pa.Array, target: pa.DataType) -> pa.Array:
             data = np.zeros(len(array), dtype=_LAYOUT)
         else:
             data = np.frombuffer(buffer, dtype=_LAYOUT)[array.offset : array.offset + len(array)]
-        children = [pa.array(data[name]) for name in _LAYOUT.names]
+        children = [pa.array(data[name]) for name in _FIELDS]
         return pa.StructArray.from_arrays(children, fields=list(target), mask=_null_mask(array))
     return _rebuild(array, target, _encode)
 
@@ -122,7 +125,7 @@ def _decode(array: pa.Array, target: pa.DataType) -> pa.Array:
         return array
     if target == INTERVAL:
         data = np.zeros(len(array), dtype=_LAYOUT)
-        for name in _LAYOUT.names:
+        for name in _FIELDS:
             data[name] = array.field(name).fill_null(0).to_numpy(zero_copy_only=False)
         valid = ~np.asarray(array.is_null())
         validity = pa.py_buffer(np.packbits(valid, bitorder="little")) if not valid.all() else None
@@ -130,7 +133,7 @@ def _decode(array: pa.Array, target: pa.DataType) -> pa.Array:
     return _rebuild(array, target, _decode)
 
 
-def _rebuild(array: pa.Array, target: pa.DataType, convert) -> pa.Array:  # type: ignore[no-untyped-def]
+def _rebuild(array: pa.Array, target: pa.DataType, convert: Callable[[pa.Array, pa.DataType], pa.Array]) -> pa.Array:
     if pa.types.is_struct(target):
         children = [convert(array.field(i), target.field(i).type) for i in range(target.num_fields)]
         return pa.StructArray.from_arrays(children, fields=list(target), mask=_null_mask(array))

@@ -7,6 +7,7 @@ file + rename locally; a single PUT, which object stores make atomic), list, rea
 
 from __future__ import annotations
 
+import builtins
 import os
 import re
 from collections.abc import Iterator
@@ -39,7 +40,7 @@ class LogStore:
         return f"{self._base}/{name}" if name else self._base
 
     def exists(self, name: str) -> bool:
-        return self.fs.get_file_info(self.path(name)).type != pafs.FileType.NotFound
+        return bool(self.fs.get_file_info(self.path(name)).type != pafs.FileType.NotFound)
 
     def list(self, folder: str) -> list[str]:
         """Names of the files directly inside ``folder`` (relative to the root), sorted."""
@@ -48,7 +49,7 @@ class LogStore:
         prefix = self.path("") + "/"
         return sorted(i.path[len(prefix) :] for i in infos if i.type == pafs.FileType.File)
 
-    def folders(self, folder: str) -> list[str]:
+    def folders(self, folder: str) -> builtins.list[str]:  # `list` here is the method above
         """Names of the folders directly inside ``folder``."""
         selector = pafs.FileSelector(self.path(folder), allow_not_found=True, recursive=False)
         infos = self.fs.get_file_info(selector)
@@ -59,7 +60,8 @@ class LogStore:
         """The file's contents, or None if it does not exist."""
         try:
             with self.fs.open_input_stream(self.path(name)) as stream:
-                return stream.read()
+                data: bytes = stream.read()
+                return data
         except FileNotFoundError:
             return None
 

@@ -13,7 +13,7 @@ import json
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Required, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -86,6 +86,20 @@ class BatchSummary:
     files: list[str] = field(default_factory=list)
 
 
+class _MessageRow(TypedDict, total=False):
+    """A logical decoding message as a row of the messages file (commit fields: transactional only)."""
+
+    lsn: Required[int]
+    transactional: Required[bool]
+    prefix: Required[str]
+    content: Required[bytes]
+    commit_lsn: int
+    end_lsn: int
+    xid: int
+    position: int
+    commit_time: int
+
+
 class BatchWriter:
     """Writes the batch that starts at ``checkpoint.lsn``; see the module docstring."""
 
@@ -103,7 +117,7 @@ class BatchWriter:
         # rows are assembled meanwhile; at most a few row groups wait, in order.
         self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-parquet")
         self._pending: deque[tuple[_TableSegment, Future[None]]] = deque()
-        self._messages: list[dict[str, object]] = []
+        self._messages: list[_MessageRow] = []
 
     # -- ChangeSink -----------------------------------------------------------------------------
 

@@ -188,15 +188,16 @@ def _walk(buf: _Buffer, tuple_starts: np.ndarray, ends: np.ndarray, ncols: int, 
     value_lengths = np.zeros((count, ncols), dtype=np.int64)
     end = np.zeros(count, dtype=np.int64)
     everyone = bool(present.all())
-    rows = slice(None) if everyone else np.flatnonzero(present)
-    if not everyone and not len(rows):  # type: ignore[arg-type]
+    picked = None if everyone else np.flatnonzero(present)
+    if picked is not None and not len(picked):
         return _Walk(present, kinds, value_starts, value_lengths, end)
+    rows = slice(None) if picked is None else picked
     pos, limit = tuple_starts[rows], ends[rows]
 
     def check(ok: np.ndarray, reason: str) -> None:
         if not ok.all():
             index = int(np.argmin(ok))
-            raise _Bad(index if everyone else int(rows[index]), reason)  # type: ignore[index]
+            raise _Bad(index if picked is None else int(picked[index]), reason)
 
     check((pos + 2 <= limit) & (buf.int16[pos] == ncols), f"tuple does not have the relation's {ncols} columns")
     pos = pos + 2
@@ -222,7 +223,8 @@ def _walk(buf: _Buffer, tuple_starts: np.ndarray, ends: np.ndarray, ncols: int, 
 
 
 def _has_value(kind: np.ndarray) -> np.ndarray:
-    return (kind == KIND_TEXT) | (kind == KIND_BINARY)
+    has_value: np.ndarray = (kind == KIND_TEXT) | (kind == KIND_BINARY)
+    return has_value
 
 
 # _WORD_MASKS[k] keeps the first k bytes of a little-endian 32-bit word.

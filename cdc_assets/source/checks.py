@@ -13,6 +13,7 @@ import psycopg
 
 from cdc_assets.config import Config, TableName
 from cdc_assets.errors import SourceError, SourcePermissionError, TableMissingError
+from cdc_assets.source.connection import one_row
 from cdc_assets.source.publication import publication_exists
 
 MIN_SERVER_MAJOR = 14  # pgoutput protocol 2 (streaming, messages); we decode protocols 1-4
@@ -44,9 +45,9 @@ class _TableAccess:
 
 
 def read_server_settings(conn: psycopg.Connection[Any]) -> ServerSettings:
-    wal_level, encoding = conn.execute(
-        "SELECT current_setting('wal_level'), current_setting('server_encoding')"
-    ).fetchone()
+    wal_level, encoding = one_row(
+        conn.execute("SELECT current_setting('wal_level'), current_setting('server_encoding')")
+    )
     return ServerSettings(conn.info.server_version, wal_level, encoding)
 
 
@@ -71,9 +72,9 @@ def require_server_settings(settings: ServerSettings) -> None:
 
 def require_replication_role(conn: psycopg.Connection[Any]) -> None:
     """The connected role can create and read replication slots (REPLICATION or superuser)."""
-    user, superuser, replication = conn.execute(
-        "SELECT rolname, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user"
-    ).fetchone()
+    user, superuser, replication = one_row(
+        conn.execute("SELECT rolname, rolsuper, rolreplication FROM pg_roles WHERE rolname = current_user")
+    )
     if not (superuser or replication):
         raise SourcePermissionError(
             f"role {user} cannot use replication slots: it needs the REPLICATION attribute "
@@ -86,9 +87,9 @@ def require_tables(
 ) -> None:
     """Every table exists, is a table and is readable; with ``publication`` (about to be created)
     also owned by the connected role and the database allows CREATE."""
-    user, database, can_create = conn.execute(
-        "SELECT current_user, current_database(), has_database_privilege(current_database(), 'CREATE')"
-    ).fetchone()
+    user, database, can_create = one_row(
+        conn.execute("SELECT current_user, current_database(), has_database_privilege(current_database(), 'CREATE')")
+    )
     access = _table_access(conn, tables)
     missing = [str(t.name) for t in access if t.relkind is None]
     if missing:

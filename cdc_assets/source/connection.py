@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -31,6 +31,8 @@ _PASSWORD_OPTION = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IG
 _URI_PASSWORD = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 _REDACTED = "***"
 
+_Row = TypeVar("_Row")
+
 
 def connect(
     source: SourceConfig, *, purpose: str, autocommit: bool = True, replication: bool = False
@@ -42,6 +44,13 @@ def connect(
         return psycopg.connect(info, autocommit=autocommit)
     except psycopg.Error as error:
         raise connect_failure(source, purpose, str(error)) from None
+
+
+def one_row(cursor: psycopg.Cursor[_Row]) -> _Row:
+    """The row of a statement that always returns exactly one (a SELECT without FROM, a function)."""
+    row = cursor.fetchone()
+    assert row is not None, "the statement returned no row"
+    return row
 
 
 def conninfo(source: SourceConfig, *, purpose: str, replication: bool = False) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from cdc_assets.source.connection import one_row
+
 HEARTBEAT_PREFIX = "cdc_assets.heartbeat"
 
 
@@ -26,7 +28,7 @@ def emit_heartbeat(conn: psycopg.Connection[Any]) -> int:
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise ValueError("emit_heartbeat runs its own transaction: the connection has one open")
     with conn.transaction():
-        (lsn,) = conn.execute(
-            "SELECT (pg_logical_emit_message(true, %s, now()::text) - '0/0')::int8", (HEARTBEAT_PREFIX,)
-        ).fetchone()
-    return lsn
+        (lsn,) = one_row(
+            conn.execute("SELECT (pg_logical_emit_message(true, %s, now()::text) - '0/0')::int8", (HEARTBEAT_PREFIX,))
+        )
+    return int(lsn)

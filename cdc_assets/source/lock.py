@@ -16,7 +16,7 @@ from psycopg import errors
 
 from cdc_assets.config import SourceConfig
 from cdc_assets.errors import DrainLockedError
-from cdc_assets.source.connection import connect
+from cdc_assets.source.connection import connect, one_row
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class DrainLock:
         return None if row is None else row[0]
 
     def _acquire(self, conn: psycopg.Connection[Any]) -> None:
-        if conn.execute("SELECT pg_try_advisory_lock(%s::int8)", (self.key,)).fetchone()[0]:
+        if one_row(conn.execute("SELECT pg_try_advisory_lock(%s::int8)", (self.key,)))[0]:
             return
         if not self.wait:
             pid = self.holder_pid(conn)

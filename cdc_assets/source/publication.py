@@ -12,10 +12,11 @@ from psycopg import errors
 
 from cdc_assets.config import Config, TableName, quote_identifier
 from cdc_assets.errors import PublicationMismatchError, SourcePermissionError
+from cdc_assets.source.connection import one_row
 
 
 def publication_exists(conn: psycopg.Connection[Any], name: str) -> bool:
-    return conn.execute("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = %s)", (name,)).fetchone()[0]
+    return bool(one_row(conn.execute("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = %s)", (name,)))[0])
 
 
 def published_tables(conn: psycopg.Connection[Any], name: str) -> set[TableName]:

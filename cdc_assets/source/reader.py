@@ -27,6 +27,7 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.source.connection import (
     connect_failure,
     conninfo,
+    one_row,
     pinned_settings_statement,
 )
 from cdc_assets.source.failures import diagnose, publication_missing_error
@@ -131,7 +132,7 @@ class SlotReader:
         self.options: tuple[str, ...] = tuple(pgoutput_options(config, server_version, two_phase=two_phase))
         self._conninfo = conninfo(config, purpose="peek")
         self._child: PeekChild | None = None
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[[], SlotReader] | None = None
         self._start_child()
 
     def __enter__(self) -> Self:
@@ -258,13 +259,15 @@ class SlotReader:
                 "the change log. Remedy: drop the slot and run `cdc-assets setup` again (re-snapshots)"
             )
         try:
-            (end,) = self._conn.execute(
-                "SELECT (end_lsn - '0/0')::int8 FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
-                (slot, format_lsn(lsn)),
-            ).fetchone()
+            (end,) = one_row(
+                self._conn.execute(
+                    "SELECT (end_lsn - '0/0')::int8 FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                    (slot, format_lsn(lsn)),
+                )
+            )
         except psycopg.Error as error:
             raise self._diagnose(error, lsn) from None
-        return end
+        return int(end)
 
     def _diagnose(self, error: psycopg.Error, lsn: int | None) -> SourceError:
         return diagnose(self._conn, error, slot=self._config.slot, publication=self._config.publication, lsn=lsn)

@@ -25,7 +25,7 @@ from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError
 from cdc_assets.lsn import parse_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.catalog import describe_table
-from cdc_assets.source.connection import apply_pinned_settings, connect, server_major
+from cdc_assets.source.connection import apply_pinned_settings, connect, one_row, server_major
 
 CSTRING_OID = 2275  # what output functions return; its binary form is the text itself
 CHUNK_ROWS = 50_000
@@ -68,7 +68,7 @@ def create_slot_with_snapshot(config: SourceConfig, *, temporary: bool = False) 
     with connect(config, purpose="create-slot", replication=True) as conn:
         command = create_slot_command(config.slot, server_major(conn), config.two_phase and not temporary, temporary)
         try:
-            _, consistent_point, snapshot_name, _ = conn.execute(command).fetchone()
+            _, consistent_point, snapshot_name, _ = one_row(conn.execute(command))
         except errors.InsufficientPrivilege as error:
             raise SourcePermissionError(
                 f"cannot create replication slot {config.slot}: {error.diag.message_primary}; the source role "

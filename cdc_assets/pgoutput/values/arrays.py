@@ -278,7 +278,7 @@ class ArrayCodec(Codec):
         self.arrow_type = arrow_type
 
     @property
-    def binary_supported(self) -> bool:  # type: ignore[override]
+    def binary_supported(self) -> bool:
         return self.element.binary_supported
 
     def from_text(self, col: RawColumn) -> ConvertedColumn:

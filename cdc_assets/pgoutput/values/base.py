@@ -29,7 +29,11 @@ class Codec(ABC):
 
     name: str
     arrow_type: pa.DataType
-    binary_supported: bool = True
+
+    @property
+    def binary_supported(self) -> bool:
+        """Whether binary-format values can be converted (a class attribute where fixed)."""
+        return True
 
     @abstractmethod
     def from_text(self, col: RawColumn) -> ConvertedColumn:

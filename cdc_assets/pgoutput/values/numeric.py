@@ -93,7 +93,8 @@ class NumericCodec(ScalarCodec):
     def render(self, values: pa.Array) -> list[str | None]:
         if pa.types.is_decimal(self.arrow_type):
             return [None if v is None else format(v, "f") for v in values.to_pylist()]
-        return values.to_pylist()
+        rendered: list[str | None] = values.to_pylist()
+        return rendered
 
 
 @dataclass(slots=True)

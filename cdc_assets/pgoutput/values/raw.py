@@ -71,7 +71,7 @@ class RawColumn:
 
     @property
     def has_nulls(self) -> bool:
-        return self.array.null_count > 0
+        return bool(self.array.null_count > 0)
 
     @property
     def mask(self) -> np.ndarray | None:

@@ -115,7 +115,8 @@ class StringCodec(ScalarCodec):
         return ConvertedColumn(col.strings())
 
     def render(self, values: pa.Array) -> list[str | None]:
-        return values.to_pylist()
+        rendered: list[str | None] = values.to_pylist()
+        return rendered
 
 
 @dataclass(slots=True)
@@ -213,4 +214,5 @@ class UuidCodec(ScalarCodec):
         return ConvertedColumn(binary_array(offsets, chars.ravel(), col.valid, pa.string()))
 
     def render(self, values: pa.Array) -> list[str | None]:
-        return values.to_pylist()
+        rendered: list[str | None] = values.to_pylist()
+        return rendered

@@ -104,7 +104,7 @@ def _wheel_root() -> Path | None:
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        return int(probe.getsockname()[1])
 
 
 def _server_user() -> str | None:

@@ -59,7 +59,7 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             " transactions as Parquet segments, then the checkpoint, then the slot advance (exactly once)."
         ),
     )
-    def changelog(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult:
+    def changelog(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult[None]:
         def log(progress: DrainProgress) -> None:
             context.log.info(
                 f"batch {progress.batches}: {progress.transactions:,} transactions, {progress.changes:,} changes,"
@@ -102,7 +102,7 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         description=f"Delta mirror of {name} at {settings.config.target_path(table)}, merged from the change log.",
         metadata={"source_table": name, "dagster/uri": settings.config.target_path(table)},
     )
-    def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult:
+    def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
         reader = ChangeLogReader(config.changelog_path)
         checkpoint = reader.checkpoint()
@@ -154,7 +154,7 @@ def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
             " Launch a backfill over the tables to rebuild."
         ),
     )
-    def rebuild(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult:
+    def rebuild(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
         table = config.table(context.partition_key)
         session = spark.session()
@@ -180,7 +180,7 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
         description=f"Every change of {name} (operation, LSNs, commit time, before and after), by commit day.",
         metadata={"dagster/uri": history_path(settings.config, table)},
     )
-    def history(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult:
+    def history(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
         reader = ChangeLogReader(config.changelog_path)
         checkpoint = reader.checkpoint()

@@ -7,6 +7,7 @@ from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.parity import check_parity
 from cdc_assets.source import connect
+from cdc_assets.source.connection import one_row
 from dagster_project.assets import mirror_key, table_pool
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
@@ -59,7 +60,7 @@ def build_lag_check(settings: Settings, table: TableConfig) -> dg.AssetChecksDef
             config.target_path(table), app_id(config.source.slot, name), config.warehouse_storage_options
         )
         with connect(config.source, purpose="lag-check") as conn:
-            (current,) = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8").fetchone()
+            (current,) = one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))
         behind = int(current) - (applied or 0)
         return dg.AssetCheckResult(
             passed=applied is not None and behind <= bound,

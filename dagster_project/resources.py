@@ -9,7 +9,7 @@ from cdc_assets.config import Config, SparkConfig
 from dagster_project.settings import load_settings
 
 
-class CdcSource(dg.ConfigurableResource):
+class CdcSource(dg.ConfigurableResource):  # type: ignore[type-arg]  # Dagster's own resources leave it open too
     """The cdc-assets configuration file, with the source DSN resolved at launch (``EnvVar``)."""
 
     config_path: str
@@ -19,7 +19,7 @@ class CdcSource(dg.ConfigurableResource):
         return load_settings(self.config_path).with_dsn(self.dsn)
 
 
-class SparkResource(dg.ConfigurableResource):
+class SparkResource(dg.ConfigurableResource):  # type: ignore[type-arg]
     """A Spark session with Delta: ``master`` (``local[2]``, ``spark://…``) or ``remote`` (Spark
     Connect). The session lives as long as the run's process."""
 

@@ -110,6 +110,7 @@ def run_demo(folder: Path, *, force: bool = False, out: Callable[[str], None] = 
                 continue
             result = _execute(defs, instance, [mirror_key(config.table(t)) for t in wanted], {"cdc/demo": "merge"})
             for event in result.get_asset_materialization_events():
+                assert event.asset_key is not None
                 table = ".".join(event.asset_key.path[1:])
                 for count in ("inserted", "updated", "deleted"):
                     totals[table][count] += int(event.materialization.metadata[count].value)  # type: ignore[arg-type]
@@ -227,12 +228,12 @@ def _remove(folder: Path) -> None:
 
 def _sensor_requests(defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None]) -> list[str]:
     """Evaluate each table's sensor once, as the daemon would; the tables it asks to merge."""
-    wanted = []
-    for sensor in defs.sensors:
+    wanted: list[str] = []
+    for sensor in defs.sensors or ():
         context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
         result = sensor.evaluate_tick(context)
         cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
-        wanted.extend(request.run_key.split("@")[0] for request in result.run_requests if request.run_key)
+        wanted.extend(request.run_key.split("@")[0] for request in result.run_requests or () if request.run_key)
     return wanted
 
 

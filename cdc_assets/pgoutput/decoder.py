@@ -5,6 +5,9 @@ is what the protocol requires: whether it is between Stream Start and Stream Sto
 messages carry a leading xid. Every layout is read with precompiled ``struct`` formats; anything
 short, long or unknown raises :class:`~cdc_assets.errors.DecodeError` naming the message type and
 byte offset.
+
+One module of ~470 lines on purpose: one small parse function per message type of the protocol,
+side by side as PostgreSQL's ``proto.c`` keeps its writers, sharing the tuple and string readers.
 """
 
 from __future__ import annotations

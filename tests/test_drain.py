@@ -414,8 +414,8 @@ def test_bounded_memory_paths(
     """With tiny row blocks and conversion chunks and a spill budget of one byte, every buffered chunk of every
     transaction is converted early and spilled to a temporary Arrow file, also inside streamed
     transactions whose subtransactions abort after earlier chunks were spilled: the log is the same."""
-    from cdc_assets import transactions
     from cdc_assets.source import reader
+    from cdc_assets.transactions import spill as transactions
 
     monkeypatch.setattr(transactions, "CHUNK_ROWS", 40)
     monkeypatch.setattr(reader, "PREFETCH_ROWS", 16)

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from types import FrameType
 from typing import Any, TextIO
 
 from cdc_assets.config import Config, load_config
 from cdc_assets.errors import CdcError, ConfigError
+from cdc_assets.interrupts import stop_on_sigterm
 from cdc_assets.lsn import format_lsn
 
 COMMANDS_ENTRY_POINT = "cdc_assets.commands"
@@ -57,7 +56,7 @@ class Progress:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     try:
         return int(args.run(args) or 0)
     except ConfigError as error:
@@ -69,12 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cdc-assets: interrupted; nothing past the last checkpoint was advanced", file=sys.stderr)
         return 130
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (``docker stop``, a service manager) unwinds like Ctrl-C, so that every server a
-    command started (the demo's PostgreSQL and Dagster, a drain's peek process) is stopped."""
-    raise KeyboardInterrupt
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -106,12 +106,26 @@ def _gone(process: psutil.Process) -> bool:
         return True
 
 
-def _sigterm_and_check(command: Command, demo: Path, started: list[psutil.Process]) -> None:
+def _name(process: psutil.Process) -> str:
+    """Its command line; empty once it has ended."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return ""
+
+
+def _sigterm_and_check(command: Command, demo: Path, started: list[psutil.Process], exit_code: int) -> None:
     """SIGTERM the command's own process; it must exit and take everything it started with it."""
     command.process.send_signal(signal.SIGTERM)
     output = command.finish(timeout=120)
-    assert command.process.returncode == 130, f"exit {command.process.returncode}\n{output}"
-    wait_until(lambda: all(_gone(p) for p in started), 60, "every process the command started to end")
+    assert command.process.returncode == exit_code, f"exit {command.process.returncode}\n{output}"
+    def survivors() -> list[str]:
+        return [f"{p.pid} {_name(p)[:200]}" for p in started if not _gone(p)]
+
+    try:
+        wait_until(lambda: not survivors(), 60, "every process the command started to end")
+    except TimeoutError:
+        raise AssertionError(f"still running 60 s after the command ended: {survivors()}") from None
     postmaster = _postmaster(demo)
     assert postmaster is None or _gone(postmaster), "PostgreSQL outlived the command"
 
@@ -146,10 +160,10 @@ def test_sigterm_stops_demo_ui_and_everything_it_started(finished_demo: tuple[Pa
         wait_until(lambda: command.printed("Dagster UI on"), 120, "the demo's PostgreSQL to start")
         wait_until(lambda: _serves(port, command), 180, "the Dagster webserver to answer")
         started = _started_by(command, folder)
-        names = " ".join(" ".join(p.cmdline()) for p in started)
+        names = " ".join(_name(p) for p in started)
         for part in ("dagster_webserver", "dagster._daemon", "code-server", "postgres"):
             assert part in names, f"{part} is not among the processes the command started: {names[:2000]}"
-        _sigterm_and_check(command, folder, started)
+        _sigterm_and_check(command, folder, started, exit_code=0)  # stopping is how the UI ends
     finally:
         command.kill_group()
 
@@ -162,12 +176,12 @@ def test_sigterm_stops_the_demo_midway_with_its_postgres_and_spark(tmp_path: Pat
 
         def spark_runs() -> bool:
             command.printed("sensors request merges")  # raises if the demo ended
-            return any("java" in p.name() for p in psutil.Process(command.process.pid).children(recursive=True))
+            return any("java" in _name(p) for p in psutil.Process(command.process.pid).children(recursive=True))
 
         wait_until(spark_runs, 300, "the demo's Spark JVM")
         started = _started_by(command, folder)
         assert _postmaster(folder) is not None
-        _sigterm_and_check(command, folder, started)
+        _sigterm_and_check(command, folder, started, exit_code=130)
         assert "parity" not in command.output, "the demo went on after SIGTERM"
     finally:
         command.kill_group()

@@ -23,6 +23,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from cdc_assets.config import SparkConfig
+from cdc_assets.interrupts import interrupts_deferred
 
 DELTA_JARS_VERSION = "4.4.0"
 SCALA_VERSION = "2.13"
@@ -86,7 +87,10 @@ def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSes
     builder = SparkSession.builder.master(config.master or "local[2]")
     for key, value in session_settings(config, app_name).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    # An interrupt while pyspark launches the JVM leaves a JVM whose gateway never started: it
+    # never learns that its parent is gone and runs on for good. So the launch is not cut short.
+    with interrupts_deferred():
+        return builder.getOrCreate()
 
 
 @contextmanager

@@ -252,7 +252,10 @@ def _execute(
     job = dg.define_asset_job(f"demo_{len(instance.get_run_records()) + 1}", selection=selection, tags=tags)
     resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def(job.name)
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    result = resolved.execute_in_process(instance=instance, run_config=quiet)
+    try:
+        result = resolved.execute_in_process(instance=instance, run_config=quiet)
+    except dg.DagsterExecutionInterruptedError:  # Ctrl-C or SIGTERM during the run: stop, not fail
+        raise KeyboardInterrupt from None
     if not result.success:
         raise DemoError(f"the Dagster run {result.run_id} failed; see `cdc-assets demo --ui` for its logs")
     return result

@@ -190,21 +190,25 @@ class Workload:
         """Initial rows (autocommit inserts) so the snapshot has content in every table; they are
         not counted as operations (the snapshot copies them; no change records)."""
         for _ in range(rows):
-            for op in (
-                self._insert_kinds,
-                self._insert_docs,
-                self._insert_parent,
-                self._insert_child,
-                self._insert_bag,
-                self._insert_coded,
-                self._insert_events,
-                self._insert_orders,
-            ):
-                op()
+            for insert in self._inserts():
+                insert()
         self.stats.__init__()
 
     def close(self) -> None:
         self.conn.close()
+
+    def _inserts(self) -> tuple[Callable[[], None], ...]:
+        """One insert into each table."""
+        return (
+            self._insert_kinds,
+            self._insert_docs,
+            self._insert_parent,
+            self._insert_child,
+            self._insert_bag,
+            self._insert_coded,
+            self._insert_events,
+            self._insert_orders,
+        )
 
     # -- running ------------------------------------------------------------------------------
 
@@ -233,17 +237,8 @@ class Workload:
     def touch_all(self) -> None:
         """One transaction that changes every table (so every table has changes to apply)."""
         self._begin()
-        for op in (
-            self._insert_kinds,
-            self._insert_docs,
-            self._insert_parent,
-            self._insert_child,
-            self._insert_bag,
-            self._insert_coded,
-            self._insert_events,
-            self._insert_orders,
-        ):
-            op()
+        for insert in self._inserts():
+            insert()
         self._commit()
 
     def _since(self, before: WorkloadStats) -> WorkloadStats:

@@ -154,7 +154,7 @@ class SnapshotReader:
         cursor = conn.cursor(binary=True)
         cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
         rows: list[tuple[bytes | None, ...]] = []
-        query = f"SELECT {select} FROM {relation.table.sql}"
+        query = f"SELECT {select} FROM {copy_source(conn, relation.table)}"
         stream = cast("Generator[tuple[bytes | None, ...], None, None]", cursor.stream(query, size=self._chunk_rows))
         with closing(stream):  # stopping early cancels the query
             for row in stream:
@@ -164,6 +164,18 @@ class SnapshotReader:
                     rows = []
         if rows:
             yield _columns(rows)
+
+
+def copy_source(conn: psycopg.Connection[Any], table: TableName) -> str:
+    """What a copy of ``table`` reads: exactly the rows whose changes the slot sends under its name.
+
+    A plain table is read ``ONLY``: an inheritance child's rows are published under the child's
+    own name (PostgreSQL's own table sync reads ``FROM ONLY`` too). A partitioned table is read
+    whole: it is published under its own name only with ``publish_via_partition_root``, and then
+    every leaf's changes arrive under it (the publication check refuses the other cases).
+    """
+    (partitioned,) = one_row(conn.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", (table.sql,)))
+    return table.sql if partitioned else f"ONLY {table.sql}"
 
 
 def _columns(rows: list[tuple[bytes | None, ...]]) -> list[pa.BinaryArray]:

@@ -54,11 +54,12 @@ class Mirror:
     tables: dict[str, dict[str, Any]]
     spark: Any
     results: list[TableApplied] = field(default_factory=list)
+    source: dict[str, Any] = field(default_factory=dict)  # ``source:`` settings beside the defaults
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         document = {
-            "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub"},
+            "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub", **self.source},
             "changelog": {"path": "./changelog"},
             "warehouse": {"path": "./warehouse"},
             "spark": CLI_SPARK,
@@ -118,7 +119,7 @@ class Mirror:
         return config.target_path(config.table(table))
 
     def applied(self, table: str) -> int | None:
-        return applied_lsn(self.path(table), app_id("cdc_slot", str(TableName.parse(table))))
+        return applied_lsn(self.path(table), app_id(self.config().source.slot, str(TableName.parse(table))))
 
     def checkpoint_lsn(self) -> int:
         checkpoint = ChangeLogReader(self.config().changelog_path).checkpoint()

@@ -392,7 +392,14 @@ def read_source_text(conn: psycopg.Connection[Any], name: TableName, where: str 
         )
         cursor = conn.cursor(binary=True)
         cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
-        fetched = cursor.execute(f"SELECT {select} FROM {name.sql}" + (f" WHERE {where}" if where else "")).fetchall()
+        (partitioned,) = conn.execute(
+            "SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", (name.sql,)
+        ).fetchone()
+        # What PostgreSQL publishes under the name: a table's own rows (an inheritance child's
+        # changes are published under the child), a partitioned table's (published under its own
+        # name only via the partition root) every leaf's.
+        relation = name.sql if partitioned else f"ONLY {name.sql}"
+        fetched = cursor.execute(f"SELECT {select} FROM {relation}" + (f" WHERE {where}" if where else "")).fetchall()
     return SourceText(described, catalog, fetched)
 
 

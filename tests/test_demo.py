@@ -10,14 +10,8 @@ postmaster, which ``pg_ctl`` detaches (found through the cluster's ``postmaster.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,54 +21,9 @@ import psutil
 import pytest
 
 from tests.support.pipeline import wait_until
+from tests.support.processes import Command, gone, process_name, sigterm_and_check
 
 pytestmark = pytest.mark.slow
-
-
-class Command:
-    """``cdc-assets <args>`` in a subprocess, its output collected line by line as it comes."""
-
-    def __init__(self, *args: str, cwd: Path) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        env.pop("DAGSTER_HOME", None)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "cdc_assets", *args],
-            cwd=cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # signals from the terminal or pytest do not reach it
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def printed(self, text: str) -> bool:
-        if self.process.poll() is not None and not any(text in line for line in self.lines):
-            raise AssertionError(
-                f"the command ended ({self.process.returncode}) before printing {text!r}:\n{self.output}"
-            )
-        return any(text in line for line in self.lines)
-
-    def finish(self, timeout: float) -> str:
-        self.process.wait(timeout=timeout)
-        self._reader.join(timeout=10)
-        return self.output
-
-    def kill_group(self) -> None:
-        """Teardown after a failed test: whatever is left of the command's process group."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
 
 
 def _postmaster(demo: Path) -> psutil.Process | None:
@@ -97,37 +46,6 @@ def _started_by(command: Command, demo: Path) -> list[psutil.Process]:
     if postmaster is not None:
         processes += [postmaster, *postmaster.children(recursive=True)]
     return processes
-
-
-def _gone(process: psutil.Process) -> bool:
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def _name(process: psutil.Process) -> str:
-    """Its command line; empty once it has ended."""
-    try:
-        return " ".join(process.cmdline())
-    except (psutil.NoSuchProcess, psutil.ZombieProcess):
-        return ""
-
-
-def _sigterm_and_check(command: Command, demo: Path, started: list[psutil.Process], exit_code: int) -> None:
-    """SIGTERM the command's own process; it must exit and take everything it started with it."""
-    command.process.send_signal(signal.SIGTERM)
-    output = command.finish(timeout=120)
-    assert command.process.returncode == exit_code, f"exit {command.process.returncode}\n{output}"
-    def survivors() -> list[str]:
-        return [f"{p.pid} {_name(p)[:200]}" for p in started if not _gone(p)]
-
-    try:
-        wait_until(lambda: not survivors(), 60, "every process the command started to end")
-    except TimeoutError:
-        raise AssertionError(f"still running 60 s after the command ended: {survivors()}") from None
-    postmaster = _postmaster(demo)
-    assert postmaster is None or _gone(postmaster), "PostgreSQL outlived the command"
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +78,11 @@ def test_sigterm_stops_demo_ui_and_everything_it_started(finished_demo: tuple[Pa
         wait_until(lambda: command.printed("Dagster UI on"), 120, "the demo's PostgreSQL to start")
         wait_until(lambda: _serves(port, command), 180, "the Dagster webserver to answer")
         started = _started_by(command, folder)
-        names = " ".join(_name(p) for p in started)
+        names = " ".join(process_name(p) for p in started)
         for part in ("dagster_webserver", "dagster._daemon", "code-server", "postgres"):
             assert part in names, f"{part} is not among the processes the command started: {names[:2000]}"
-        _sigterm_and_check(command, folder, started, exit_code=0)  # stopping is how the UI ends
+        sigterm_and_check(command, started, exit_code=0)  # stopping is how the UI ends
+        assert _postmaster(folder) is None, "PostgreSQL outlived the command"
     finally:
         command.kill_group()
 
@@ -176,12 +95,14 @@ def test_sigterm_stops_the_demo_midway_with_its_postgres_and_spark(tmp_path: Pat
 
         def spark_runs() -> bool:
             command.printed("sensors request merges")  # raises if the demo ended
-            return any("java" in _name(p) for p in psutil.Process(command.process.pid).children(recursive=True))
+            return any("java" in process_name(p) for p in psutil.Process(command.process.pid).children(recursive=True))
 
         wait_until(spark_runs, 300, "the demo's Spark JVM")
         started = _started_by(command, folder)
         assert _postmaster(folder) is not None
-        _sigterm_and_check(command, folder, started, exit_code=130)
+        sigterm_and_check(command, started, exit_code=130)
+        postmaster = _postmaster(folder)
+        assert postmaster is None or gone(postmaster), "PostgreSQL outlived the command"
         assert "parity" not in command.output, "the demo went on after SIGTERM"
     finally:
         command.kill_group()

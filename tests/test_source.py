@@ -286,7 +286,8 @@ def test_ensure_publication_creates_then_verifies(pg: Database) -> None:
         assert not ensure_publication(conn, config)
         wider = config_of(pg, ["plain", "extra", '"Odd Schema"."Mixed.Case"'], publication="Pub Lic")
         with pytest.raises(
-            PublicationMismatchError, match=r"publication Pub Lic does not publish public\.extra: add the missing tables"
+            PublicationMismatchError,
+            match=r"publication Pub Lic does not publish public\.extra: add the missing tables",
         ):
             ensure_publication(conn, wider)
         assert TableName("public", "extra") not in published_tables(conn, "Pub Lic")  # not altered

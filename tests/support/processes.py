@@ -1,0 +1,92 @@
+"""Commands run as a user runs them, in a subprocess, and the processes they start: for the tests
+that stop a command with SIGTERM and check that nothing it started survives."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+
+from tests.support.pipeline import wait_until
+
+
+class Command:
+    """``cdc-assets <args>`` in a subprocess, its output collected line by line as it comes."""
+
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        env.pop("DAGSTER_HOME", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cdc_assets", *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # signals from the terminal or pytest do not reach it
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def printed(self, text: str) -> bool:
+        if self.process.poll() is not None and not any(text in line for line in self.lines):
+            raise AssertionError(
+                f"the command ended ({self.process.returncode}) before printing {text!r}:\n{self.output}"
+            )
+        return any(text in line for line in self.lines)
+
+    def finish(self, timeout: float) -> str:
+        self.process.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return self.output
+
+    def kill_group(self) -> None:
+        """Teardown after a failed test: whatever is left of the command's process group."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def process_name(process: psutil.Process) -> str:
+    """Its command line; empty once it has ended."""
+    try:
+        return " ".join(process.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return ""
+
+
+def sigterm_and_check(command: Command, started: list[psutil.Process], exit_code: int) -> None:
+    """SIGTERM the command's own process; it must exit and take everything it started with it."""
+    command.process.send_signal(signal.SIGTERM)
+    output = command.finish(timeout=120)
+    assert command.process.returncode == exit_code, f"exit {command.process.returncode}\n{output}"
+
+    def survivors() -> list[str]:
+        return [f"{p.pid} {process_name(p)[:200]}" for p in started if not gone(p)]
+
+    try:
+        wait_until(lambda: not survivors(), 60, "every process the command started to end")
+    except TimeoutError:
+        raise AssertionError(f"still running 60 s after the command ended: {survivors()}") from None

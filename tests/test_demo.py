@@ -11,6 +11,7 @@ postmaster, which ``pg_ctl`` detaches (found through the cluster's ``postmaster.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -38,6 +39,18 @@ def _postmaster(demo: Path) -> psutil.Process | None:
         return None
 
 
+def _remove_cluster(demo: Path) -> None:
+    """Stop and delete a demo's cluster: as root it lives under /var/tmp, outside the test's folder."""
+    state = demo / "demo.json"
+    if not state.exists():
+        return
+    postmaster = _postmaster(demo)
+    if postmaster is not None:
+        postmaster.kill()
+        postmaster.wait(timeout=30)
+    shutil.rmtree(json.loads(state.read_text())["cluster"], ignore_errors=True)
+
+
 def _started_by(command: Command, demo: Path) -> list[psutil.Process]:
     """Every process ``command`` started and that runs now: its descendants, and the postmaster
     with its backends."""
@@ -59,6 +72,7 @@ def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pa
         command.kill_group()
     assert command.process.returncode == 0, output
     yield work / "shop", output
+    _remove_cluster(work / "shop")
 
 
 def test_demo_ends_with_parity_ok(finished_demo: tuple[Path, str]) -> None:
@@ -106,6 +120,7 @@ def test_sigterm_stops_the_demo_midway_with_its_postgres_and_spark(tmp_path: Pat
         assert "parity" not in command.output, "the demo went on after SIGTERM"
     finally:
         command.kill_group()
+        _remove_cluster(folder)
 
 
 def _free_port() -> int:

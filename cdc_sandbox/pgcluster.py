@@ -101,7 +101,8 @@ def _wheel_root() -> Path | None:
     return Path(spec.origin).parent
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -232,7 +233,7 @@ class ThrowawayCluster:
                 "--no-sync",
             )
         self.version = int((self.data_dir / "PG_VERSION").read_text().strip())
-        self.port = _free_port()
+        self.port = free_port()
         conf = (
             {"port": str(self.port)}
             if existing

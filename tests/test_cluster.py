@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import pytest
 import yaml
 
 from cdc_assets.apply.session import delta_package
+from cdc_sandbox.pgcluster import free_port
 from tests.conftest import Database
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
 
@@ -42,12 +42,6 @@ SPARK_HOME = Path(pyspark.__file__).resolve().parent
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 TABLES = {"public.customers": None, "public.orders": "status <> 'draft'"}  # table -> row filter
 APP_NAME = "cdc-assets"  # the CLI's Spark application name (session.spark_session's default)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get_json(url: str) -> Any:
@@ -83,10 +77,10 @@ class StandaloneCluster:
     """A Spark standalone master and one worker, each in its own process group."""
 
     folder: Path
-    master_port: int = field(default_factory=_free_port)
-    master_ui_port: int = field(default_factory=_free_port)
-    worker_port: int = field(default_factory=_free_port)
-    worker_ui_port: int = field(default_factory=_free_port)
+    master_port: int = field(default_factory=free_port)
+    master_ui_port: int = field(default_factory=free_port)
+    worker_port: int = field(default_factory=free_port)
+    worker_ui_port: int = field(default_factory=free_port)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property

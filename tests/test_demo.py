@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cdc_sandbox.pgcluster import free_port
 from tests.support.pipeline import wait_until
 from tests.support.processes import Command, gone, process_name, sigterm_and_check
 
@@ -86,7 +86,7 @@ def test_demo_ends_with_parity_ok(finished_demo: tuple[Path, str]) -> None:
 
 def test_sigterm_stops_demo_ui_and_everything_it_started(finished_demo: tuple[Path, str], tmp_path: Path) -> None:
     folder, _ = finished_demo
-    port = _free_port()
+    port = free_port()
     command = Command("demo", "--ui", "--dir", str(folder), "--port", str(port), cwd=tmp_path)
     try:
         wait_until(lambda: command.printed("Dagster UI on"), 120, "the demo's PostgreSQL to start")
@@ -121,12 +121,6 @@ def test_sigterm_stops_the_demo_midway_with_its_postgres_and_spark(tmp_path: Pat
     finally:
         command.kill_group()
         _remove_cluster(folder)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _serves(port: int, command: Command) -> bool:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import urllib.error
@@ -37,6 +36,7 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.setup import setup
+from cdc_sandbox.pgcluster import free_port
 from tests.conftest import Database
 from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_dagster_config
 from tests.support.pipeline import wait_until
@@ -71,12 +71,6 @@ telemetry:
 
 
 # -- processes ---------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(command: list[str], log: Path, **kwargs: Any) -> subprocess.Popen[bytes]:

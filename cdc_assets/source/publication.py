@@ -37,7 +37,7 @@ def ensure_publication(conn: psycopg.Connection[Any], config: Config) -> bool:
     created = False
     if not publication_exists(conn, name):
         tables = ", ".join(t.sql for t in wanted)
-        via_root = " WITH (publish_via_partition_root = true)" if any(_partitioned(conn, t) for t in wanted) else ""
+        via_root = " WITH (publish_via_partition_root = true)" if any(is_partitioned(conn, t) for t in wanted) else ""
         try:
             conn.execute(f"CREATE PUBLICATION {quote_identifier(name)} FOR TABLE {tables}{via_root}")
         except errors.InsufficientPrivilege as error:
@@ -61,7 +61,8 @@ def ensure_publication(conn: psycopg.Connection[Any], config: Config) -> bool:
     return created
 
 
-def _partitioned(conn: psycopg.Connection[Any], table: TableName) -> bool:
+def is_partitioned(conn: psycopg.Connection[Any], table: TableName) -> bool:
+    """Whether ``table`` is a partitioned table (False for a plain one, or one that does not exist)."""
     row = conn.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", (table.sql,)).fetchone()
     return bool(row and row[0])
 

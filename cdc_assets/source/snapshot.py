@@ -26,6 +26,7 @@ from cdc_assets.lsn import parse_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.catalog import describe_table
 from cdc_assets.source.connection import apply_pinned_settings, connect, one_row, server_major
+from cdc_assets.source.publication import is_partitioned
 
 CSTRING_OID = 2275  # what output functions return; its binary form is the text itself
 CHUNK_ROWS = 50_000
@@ -174,8 +175,7 @@ def copy_source(conn: psycopg.Connection[Any], table: TableName) -> str:
     whole: it is published under its own name only with ``publish_via_partition_root``, and then
     every leaf's changes arrive under it (the publication check refuses the other cases).
     """
-    (partitioned,) = one_row(conn.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", (table.sql,)))
-    return table.sql if partitioned else f"ONLY {table.sql}"
+    return table.sql if is_partitioned(conn, table) else f"ONLY {table.sql}"
 
 
 def _columns(rows: list[tuple[bytes | None, ...]]) -> list[pa.BinaryArray]:

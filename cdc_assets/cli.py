@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
         return sub
 
     command("setup", "create the publication and slot if missing; copy the initial snapshot", _setup)
+    snapshot = command("snapshot", "copy configured tables again while the drain goes on (online snapshot)", _snapshot)
+    snapshot.add_argument("tables", nargs="+", metavar="TABLE", help="a configured table (schema.table)")
     drain = command("drain", "drain the slot into the change log until caught up", _drain)
     drain.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     apply = command("apply", "merge the change log into the Delta tables", _apply)
@@ -117,6 +119,16 @@ def _setup(args: argparse.Namespace) -> int:
     for table, rows in result.rows.items():
         print(f"  {table}: {rows:,} rows")
     print(f"done in {result.elapsed_s:.1f} s")
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from cdc_assets.online_snapshot import snapshot_tables
+
+    progress = Progress()
+    for copied in snapshot_tables(_config(args), args.tables, progress=lambda p: progress.show(p.line())):
+        progress.done()
+        print(copied.summary())
     return 0
 
 

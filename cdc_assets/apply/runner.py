@@ -98,16 +98,15 @@ def apply_table(
     if applied is not None and applied >= lsn:
         result.skipped = "up to date"
         return result
-    chunks = [
-        RecordChunk(c.relation, c.records)
-        for c in reader.read_changes(name, after=-1 if applied is None else applied, upto=lsn)
-    ]
-    if not chunks or (applied is not None and sum(c.records.num_rows for c in chunks) == 0):
+    after = -1 if applied is None else applied
+    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_table(name, state, after, lsn)]
+    copied = applied is None or reader.due_snapshot_run(state, after, lsn) is not None
+    if not chunks or (not copied and sum(c.records.num_rows for c in chunks) == 0):
         result.skipped = "no changes"
         return result
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)
     if table.row_filter and plan.has_unresolved:  # rows moving into the filter are not in Delta to fill from
-        history = [RecordChunk(c.relation, c.records) for c in reader.read_changes(name, upto=lsn)]
+        history = [RecordChunk(c.relation, c.records) for c in reader.read_table(name, state, upto=lsn)]
         plan = fill_from_history(plan, plan_changes(history, state.relation, truncate=table.truncate))
     counts = write_plan(target, plan, lsn, row_filter=table.row_filter)
     result.records = plan.records
@@ -121,8 +120,9 @@ def apply_table(
 def rebuild_table(
     config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader | None = None
 ) -> TableApplied:
-    """Rewrite one Delta table from the initial snapshot and every change since, up to the
-    checkpoint, in one commit (time travel keeps the old versions)."""
+    """Rewrite one Delta table from its latest snapshot (the initial one, or the latest online run)
+    and every change since, up to the checkpoint, in one commit (time travel keeps the old
+    versions)."""
     started = time.monotonic()
     reader = reader or ChangeLogReader(config.changelog_path)
     checkpoint = reader.checkpoint()
@@ -131,7 +131,7 @@ def rebuild_table(
     if checkpoint is None or state is None:
         raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog_path} holds nothing for it")
     target = delta_target(config, table, spark)
-    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_changes(name, upto=checkpoint.lsn)]
+    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_table(name, state, upto=checkpoint.lsn)]
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cdc_assets.changelog.layout import CHECKPOINT
+from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
@@ -23,11 +24,12 @@ FORMAT = 1
 
 @dataclass(slots=True, frozen=True)
 class TableState:
-    """What the log holds for one table."""
+    """What the log holds for one table: ``snapshot_run`` is its latest complete online snapshot."""
 
     last_change_lsn: int
     schema_version: int
     relation: RelationSchema
+    snapshot_run: SnapshotRunRef | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -69,6 +71,7 @@ class Checkpoint:
                     "last_change_lsn": state.last_change_lsn,
                     "schema_version": state.schema_version,
                     "relation": state.relation.to_json(),
+                    "snapshot_run": state.snapshot_run.to_json() if state.snapshot_run else None,
                 }
                 for name, state in sorted(self.tables.items())
             },
@@ -97,7 +100,10 @@ class Checkpoint:
             snapshot_time_us=data.get("snapshot_time_us"),
             tables={
                 name: TableState(
-                    int(s["last_change_lsn"]), int(s["schema_version"]), RelationSchema.from_json(s["relation"])
+                    int(s["last_change_lsn"]),
+                    int(s["schema_version"]),
+                    RelationSchema.from_json(s["relation"]),
+                    SnapshotRunRef.from_json(s["snapshot_run"]) if s.get("snapshot_run") else None,
                 )
                 for name, s in data.get("tables", {}).items()
             },

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
+from cdc_assets.changelog.checkpoint import Checkpoint, TableState, read_checkpoint
 from cdc_assets.changelog.encoding import from_storage
 from cdc_assets.changelog.layout import (
     MESSAGES,
@@ -26,8 +26,10 @@ from cdc_assets.changelog.layout import (
     table_folder,
     table_of_folder,
 )
+from cdc_assets.changelog.snapshot_runs import SnapshotRunRef, run_store
 from cdc_assets.changelog.store import TEMPORARY_MARK, LogStore
 from cdc_assets.changelog.writer import RELATION_KEY
+from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.schema import RelationSchema
 
 
@@ -87,6 +89,30 @@ class ChangeLogReader:
             records = records.filter(keep).replace_schema_metadata(None)
             if records.num_rows or parquet.metadata.num_rows == 0:  # an empty segment still gives the schema
                 yield ChangeChunk(RelationSchema.from_json(metadata), int(metadata["schema_version"]), records)
+
+    def due_snapshot_run(self, state: TableState, after: int, upto: int | None = None) -> SnapshotRunRef | None:
+        """The table's latest snapshot run if it was announced in ``(after, upto]``."""
+        run = state.snapshot_run
+        return run if run is not None and after < run.position <= self._limit(upto) else None
+
+    def read_table(
+        self, table: str, state: TableState, after: int = -1, upto: int | None = None
+    ) -> Iterator[ChangeChunk]:
+        """What brings ``table`` from ``after`` to ``upto``: :meth:`read_changes`, unless a snapshot
+        run was announced in between — then the run's records (the table as of its consistent point
+        ``C``), followed by the log's changes in ``(C, upto]``."""
+        run = self.due_snapshot_run(state, after, upto)
+        if run is None:
+            yield from self.read_changes(table, after, upto)
+            return
+        copy = ChangeLogReader(run_store(self.store, table, run.run))
+        if copy.checkpoint() is None:
+            raise CdcError(
+                f"snapshot run {run.run} of {table} is missing at {copy.store.root}: the log announced it at"
+                f" LSN {run.position:X}; copy the table again with `cdc-assets snapshot {table}`"
+            )
+        yield from copy.read_changes(table, upto=run.consistent_point)
+        yield from self.read_changes(table, after=run.consistent_point, upto=upto)
 
     def transactions(self, after: int = -1, upto: int | None = None) -> pa.Table:
         """One row per committed transaction with end LSN in ``(after, upto]``."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Required, TypedDict
 
 import numpy as np
@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from cdc_assets.changelog.checkpoint import Checkpoint, PreparedEntry, TableState
 from cdc_assets.changelog.encoding import from_storage, storage_schema, to_storage
 from cdc_assets.changelog.layout import MESSAGES, TRANSACTIONS, SegmentName, prepared_folder, table_folder
+from cdc_assets.changelog.snapshot_runs import SNAPSHOT_RUN_PREFIX, SnapshotRunAnnouncement, SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.messages import LogicalDecodingMessage
@@ -133,7 +134,7 @@ class BatchWriter:
         last = int(np.max(records.column("_cdc_end_lsn").to_numpy()))
         state = self._tables[table]
         if last > state.last_change_lsn:
-            self._tables[table] = TableState(last, state.schema_version, state.relation)
+            self._tables[table] = replace(state, last_change_lsn=last)
         self.summary.changes[table] = self.summary.changes.get(table, 0) + records.num_rows
 
     def transaction(self, info: CommitInfo, changes: int, messages: list[TransactionalMessage]) -> None:
@@ -247,7 +248,9 @@ class BatchWriter:
             version = state.schema_version
         else:
             version = state.schema_version + 1
-        self._tables[table] = TableState(state.last_change_lsn if state else 0, version, relation)
+        self._tables[table] = (
+            replace(state, schema_version=version, relation=relation) if state else TableState(0, version, relation)
+        )
         if segment is not None:
             if segment.version == version:  # same columns, e.g. the table got a new OID
                 segment.relation = relation
@@ -302,6 +305,8 @@ class BatchWriter:
         self.summary.files.append(name)
 
     def _message(self, message: LogicalDecodingMessage, info: CommitInfo, position: int) -> None:
+        if message.prefix == SNAPSHOT_RUN_PREFIX:
+            self._snapshot_run(SnapshotRunAnnouncement.decode(message.content, message.lsn), info.end_lsn)
         self._messages.append(
             {
                 "lsn": message.lsn,
@@ -314,6 +319,24 @@ class BatchWriter:
                 "position": position,
                 "commit_time": info.commit_time_us,
             }
+        )
+
+    def _snapshot_run(self, run: SnapshotRunAnnouncement, end_lsn: int) -> None:
+        """Record a complete online snapshot run of ``run.table`` at ``end_lsn``: the table is due
+        again, and its columns are the run's unless the log holds a change after the run's
+        consistent point (whose columns are newer)."""
+        ref = SnapshotRunRef(run.run, run.consistent_point, end_lsn)
+        state = self._tables.get(run.table)
+        if state is None:
+            self._tables[run.table] = TableState(end_lsn, 1, run.relation, ref)
+            return
+        newer_columns = state.last_change_lsn <= run.consistent_point and not state.relation.same_version(run.relation)
+        self._tables[run.table] = replace(
+            state,
+            last_change_lsn=max(state.last_change_lsn, end_lsn),
+            schema_version=state.schema_version + 1 if newer_columns else state.schema_version,
+            relation=run.relation if newer_columns else state.relation,
+            snapshot_run=ref,
         )
 
     def _take_prepared(self, gid: str, end_lsn: int) -> PreparedEntry:

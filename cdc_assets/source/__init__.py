@@ -18,7 +18,7 @@ from cdc_assets.source.connection import (
     server_major,
 )
 from cdc_assets.source.heartbeat import HEARTBEAT_PREFIX, emit_heartbeat
-from cdc_assets.source.lock import DrainLock, drain_lock_key
+from cdc_assets.source.lock import DrainLock, TableCopyLock, drain_lock_key
 from cdc_assets.source.publication import (
     ensure_publication,
     publication_exists,
@@ -50,6 +50,7 @@ __all__ = [
     "SlotReader",
     "SlotState",
     "SnapshotReader",
+    "TableCopyLock",
     "apply_pinned_settings",
     "check_source",
     "column_ndims",

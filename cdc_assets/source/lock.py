@@ -45,7 +45,7 @@ class DrainLock:
         self.source = source
         self.wait = wait
         self.poll_seconds = poll_seconds
-        self.key = drain_lock_key(source.slot)
+        self.key = drain_lock_key(self._lock_name())
         self._conn: psycopg.Connection[Any] | None = None
 
     def __enter__(self) -> DrainLock:
@@ -78,21 +78,40 @@ class DrainLock:
         row = conn.execute(_HOLDER, (unsigned >> 32, unsigned & 0xFFFF_FFFF)).fetchone()
         return None if row is None else row[0]
 
+    def _lock_name(self) -> str:
+        return self.source.slot
+
+    def _busy(self) -> str:
+        """What the lock's holder is doing, for the error a second process gets."""
+        return f"slot {self.source.slot} is being drained by another process"
+
     def _acquire(self, conn: psycopg.Connection[Any]) -> None:
         if one_row(conn.execute("SELECT pg_try_advisory_lock(%s::int8)", (self.key,)))[0]:
             return
         if not self.wait:
             pid = self.holder_pid(conn)
             holder = f"pid {pid}" if pid is not None else "a process that has just let go"
-            raise DrainLockedError(
-                f"slot {self.source.slot} is being drained by another process ({holder}): wait for it to "
-                "finish, or run with --wait"
-            )
+            raise DrainLockedError(f"{self._busy()} ({holder}): wait for it to finish, or run with --wait")
         conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(self.poll_seconds * 1000))}ms",))
         while True:
-            log.info("waiting for the drain lock of slot %s, held by pid %s", self.source.slot, self.holder_pid(conn))
+            log.info("waiting: %s (pid %s)", self._busy(), self.holder_pid(conn))
             try:
                 conn.execute("SELECT pg_advisory_lock(%s::int8)", (self.key,))
                 return
             except errors.LockNotAvailable:
                 continue
+
+
+class TableCopyLock(DrainLock):
+    """``with TableCopyLock(source, table):`` — exclusive right to copy ``table`` online (one
+    snapshot run of a table at a time; the drain goes on meanwhile)."""
+
+    def __init__(self, source: SourceConfig, table: str, *, wait: bool = False) -> None:
+        self.table = table
+        super().__init__(source, wait)
+
+    def _lock_name(self) -> str:
+        return f"{self.source.slot}:snapshot:{self.table}"
+
+    def _busy(self) -> str:
+        return f"table {self.table} is being copied by another `cdc-assets snapshot`"

@@ -66,7 +66,8 @@ def _unquote(part: str) -> str:
 
 @dataclass(slots=True, frozen=True)
 class SourceConfig:
-    """Where changes come from. ``dsn`` is a libpq connection string or URI."""
+    """Where changes come from. ``dsn`` is a libpq connection string or URI; ``snapshot_workers``
+    connections copy the initial snapshot (default: the machine's cores)."""
 
     dsn: str = field(repr=False)
     publication: str = "cdc_pub"
@@ -76,6 +77,7 @@ class SourceConfig:
     two_phase: bool = False
     batch_changes: int = 1_000_000
     heartbeat: bool = False
+    snapshot_workers: int = field(default_factory=lambda: os.cpu_count() or 1)
 
 
 @dataclass(slots=True, frozen=True)
@@ -105,6 +107,28 @@ class ScheduleConfig:
     max_lag_bytes: int = 1 << 30
 
 
+DELTA_MIN_RETENTION_HOURS = 168
+"""Delta's VACUUM safety check: a retention below the table's ``delta.deletedFileRetentionDuration``
+(one week unless a table property changes it) can delete files a running reader or writer still
+needs."""
+
+
+@dataclass(slots=True, frozen=True)
+class MaintenanceConfig:
+    """Delta table maintenance (``warehouse.maintenance``): when it runs and what it does.
+
+    ``compact_min_files``: OPTIMIZE when the table has at least this many data files (0: never);
+    ``zorder``: order compacted files by the first key column; ``purge_min_deletion_vectors``:
+    ``REORG … APPLY (PURGE)`` when at least this many files carry deletion vectors (0: never);
+    ``vacuum_retention_hours``: VACUUM's retention (0: no VACUUM), never below Delta's check."""
+
+    cron: str = "0 * * * *"
+    compact_min_files: int = 8
+    zorder: bool = False
+    purge_min_deletion_vectors: int = 8
+    vacuum_retention_hours: int = DELTA_MIN_RETENTION_HOURS
+
+
 @dataclass(slots=True, frozen=True)
 class Config:
     source: SourceConfig
@@ -114,6 +138,7 @@ class Config:
     spark: SparkConfig = field(default_factory=SparkConfig)
     warehouse_table_properties: dict[str, str] = field(default_factory=dict)
     warehouse_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     path: Path | None = None
 
@@ -173,11 +198,13 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
             two_phase=source.flag("two_phase", False),
             batch_changes=source.positive("batch_changes", 1_000_000),
             heartbeat=source.flag("heartbeat", False),
+            snapshot_workers=source.positive("snapshot_workers", os.cpu_count() or 1),
         ),
         changelog_path=_location(changelog.text("path"), base),
         warehouse_path=_location(warehouse.text("path"), base),
         warehouse_table_properties=warehouse.settings("table_properties"),
         warehouse_storage_options=warehouse.settings("storage_options"),
+        maintenance=warehouse.maintenance(),
         tables=reader.tables(base),
         spark=reader.spark(),
         schedule=reader.schedule(),
@@ -266,6 +293,21 @@ class _Reader:
             raise self.fail(key, f"expected a positive integer, got {value!r}")
         return value
 
+    def cron(self, key: str, default: str) -> str:
+        value = self.text(key, default)
+        if len(value.split()) != 5:
+            raise self.fail(
+                key, f"expected a cron expression of five fields (minute hour day month weekday), got {value!r}"
+            )
+        return value
+
+    def count(self, key: str, default: int) -> int:
+        """A non-negative integer (0 turns a step off)."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(key, f"expected 0 (off) or a positive integer, got {value!r}")
+        return value
+
     def settings(self, key: str) -> dict[str, str]:
         """An optional mapping of names to scalar values, as strings (booleans lower-case)."""
         value = self.get(key, {})
@@ -333,10 +375,32 @@ class _Reader:
             return ScheduleConfig()
         schedule = self.section("schedule")
         result = ScheduleConfig(
-            drain_cron=schedule.text("drain_cron", "*/5 * * * *"),
+            drain_cron=schedule.cron("drain_cron", "*/5 * * * *"),
             max_lag_bytes=schedule.positive("max_lag_bytes", 1 << 30),
         )
         schedule.done()
+        return result
+
+    def maintenance(self) -> MaintenanceConfig:
+        if self.get("maintenance", None) is None:
+            return MaintenanceConfig()
+        section = self.section("maintenance")
+        default = MaintenanceConfig()
+        retention = section.count("vacuum_retention_hours", default.vacuum_retention_hours)
+        if 0 < retention < DELTA_MIN_RETENTION_HOURS:
+            raise section.fail(
+                "vacuum_retention_hours",
+                f"{retention} is below Delta's safety check ({DELTA_MIN_RETENTION_HOURS} hours, 7 days): VACUUM could"
+                " delete files that running readers and writers still use (0 turns VACUUM off)",
+            )
+        result = MaintenanceConfig(
+            cron=section.cron("cron", default.cron),
+            compact_min_files=section.count("compact_min_files", default.compact_min_files),
+            zorder=section.flag("zorder", default.zorder),
+            purge_min_deletion_vectors=section.count("purge_min_deletion_vectors", default.purge_min_deletion_vectors),
+            vacuum_retention_hours=retention,
+        )
+        section.done()
         return result
 
     def done(self) -> None:

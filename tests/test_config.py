@@ -93,3 +93,38 @@ def test_default_substitution_and_missing_file(tmp_path: Path) -> None:
         load_config(tmp_path / "absent.yaml")
     with pytest.raises(ConfigError, match=r"tables: is required"):
         parse("source: {dsn: x}\nchangelog: {path: a}\nwarehouse: {path: b}\n")
+
+
+MAINTENANCE = "  path: s3://bucket/warehouse/\n  maintenance: {"
+
+
+def test_maintenance_defaults_and_settings() -> None:
+    defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x").maintenance
+    assert (defaults.cron, defaults.compact_min_files, defaults.zorder) == ("0 * * * *", 8, False)
+    assert (defaults.purge_min_deletion_vectors, defaults.vacuum_retention_hours) == (8, 168)
+    text = EXAMPLE.replace(
+        "  path: s3://bucket/warehouse/",
+        MAINTENANCE + "cron: '30 2 * * *', compact_min_files: 0, zorder: true, vacuum_retention_hours: 720}",
+    )
+    settings = parse(text, CDC_SOURCE_DSN="x").maintenance
+    assert (settings.cron, settings.compact_min_files, settings.zorder) == ("30 2 * * *", 0, True)
+    assert (settings.purge_min_deletion_vectors, settings.vacuum_retention_hours) == (8, 720)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "vacuum_retention_hours: 24",
+            r"warehouse.maintenance.vacuum_retention_hours: 24 is below Delta's safety check \(168 hours",
+        ),
+        ("compact_min_files: -1", r"warehouse.maintenance.compact_min_files: expected 0 \(off\) or a positive"),
+        ("purge_min_deletion_vectors: many", r"purge_min_deletion_vectors: expected 0 \(off\) or a positive"),
+        ("cron: hourly", r"warehouse.maintenance.cron: expected a cron expression of five fields"),
+        ("zorder: 1", r"warehouse.maintenance.zorder: expected true or false, got 1"),
+        ("optimise: true", r"warehouse.maintenance.optimise: unknown setting"),
+    ],
+)
+def test_maintenance_mistakes_are_refused(setting: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(EXAMPLE.replace("  path: s3://bucket/warehouse/", f"{MAINTENANCE}{setting}}}"), CDC_SOURCE_DSN="x")

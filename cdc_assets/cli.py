@@ -83,7 +83,15 @@ def _parser() -> argparse.ArgumentParser:
         sub.set_defaults(run=run)
         return sub
 
-    command("setup", "create the publication and slot if missing; copy the initial snapshot", _setup)
+    setup = command(
+        "setup",
+        "create the publication and slot if missing and copy the initial snapshot; later, add the tables the config"
+        " gained to the publication and copy them online",
+        _setup,
+    )
+    setup.add_argument(
+        "--prune", action="store_true", help="drop tables no longer configured from the publication (owned by the role)"
+    )
     snapshot = command("snapshot", "copy configured tables again while the drain goes on (online snapshot)", _snapshot)
     snapshot.add_argument("tables", nargs="+", metavar="TABLE", help="a configured table (schema.table)")
     drain = command("drain", "drain the slot into the change log until caught up", _drain)
@@ -108,16 +116,28 @@ def _setup(args: argparse.Namespace) -> int:
 
     config = _config(args)
     progress = Progress()
-    result = setup(config, progress=lambda table, rows: progress.show(f"snapshot {table}: {rows:,} rows"))
+    result = setup(
+        config,
+        prune=args.prune,
+        progress=lambda table, rows: progress.show(f"snapshot {table}: {rows:,} rows"),
+        copy_progress=lambda p: progress.show(p.line()),
+    )
     progress.done()
-    if not result.created_slot:
-        print(f"already set up: slot {config.source.slot} and the change log at {config.changelog_path} exist")
-        return 0
     if result.created_publication:
         print(f"created publication {config.source.publication}")
-    print(f"created slot {config.source.slot}; snapshot at LSN {format_lsn(result.snapshot_lsn or 0)}")
-    for table, rows in result.rows.items():
-        print(f"  {table}: {rows:,} rows")
+    for table in result.added:
+        print(f"added {table} to publication {config.source.publication}")
+    for table in result.removed:
+        print(f"dropped {table} from publication {config.source.publication} (its Delta table stays)")
+    if result.created_slot:
+        print(f"created slot {config.source.slot}; snapshot at LSN {format_lsn(result.snapshot_lsn or 0)}")
+        for table, rows in result.rows.items():
+            print(f"  {table}: {rows:,} rows")
+    for copied in result.copied:
+        print(f"copied online: {copied.summary()}")
+    if not (result.created_slot or result.added or result.removed or result.copied):
+        print(f"already set up: slot {config.source.slot} and the change log at {config.changelog_path} exist")
+        return 0
     print(f"done in {result.elapsed_s:.1f} s")
     return 0
 

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from cdc_assets.changelog.checkpoint import read_checkpoint, write_checkpoint
-from cdc_assets.changelog.layout import CHECKPOINT
+from cdc_assets.changelog.layout import CHECKPOINT, table_folder
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.snapshot_runs import (
     SNAPSHOT_RUN_PREFIX,
     SnapshotRunAnnouncement,
@@ -161,6 +162,26 @@ def copy_table(
         chunks,
         time.monotonic() - started,
     )
+
+
+def tables_without_copy(config: Config, store: LogStore) -> list[TableConfig]:
+    """The configured tables the log holds no copy of: not in the initial snapshot (the log's first
+    batch, which starts at 0), no complete run (announced or about to be)."""
+    reader = ChangeLogReader(store)
+    checkpoint = reader.checkpoint()
+    if checkpoint is None:
+        raise CdcError(f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first")
+
+    def copied(table: str) -> bool:
+        state = checkpoint.tables.get(table)
+        if state is not None and state.snapshot_run is not None:
+            return True
+        if any(s.name.batch_start == 0 for s in reader.segments(table_folder(table), checkpoint.lsn)):
+            return True
+        runs = store.folders(runs_folder(table))
+        return any(run_store(store, table, run.rsplit("/", 1)[-1]).exists(CHECKPOINT) for run in runs)
+
+    return [t for t in config.tables if not copied(str(t.name))]
 
 
 def remove_unusable_runs(store: LogStore, table: str) -> None:

@@ -6,6 +6,11 @@ the slot's consistent point and the slot decodes exactly those after it (nothing
 twice). The copy becomes the change log's first batch (``snapshot`` records at the consistent
 point) and the first checkpoint.
 
+On a log already set up, setup brings the publication in line with the config — configured
+tables it lacks are added (when the source role owns it), and with ``prune`` tables no longer
+configured are dropped — and copies online (:mod:`cdc_assets.online_snapshot`) every configured
+table the log holds no copy of; the slot is never dropped and no other table is copied again.
+
 Setup is safe to rerun and to kill: ``_setup.json`` marks a setup in progress, so a slot left by a
 killed setup (no checkpoint yet) is recognised as ours, dropped and created again; a slot the log
 does not know is never dropped.
@@ -17,8 +22,10 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import psycopg
 import pyarrow as pa
 
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
@@ -39,30 +46,46 @@ from cdc_assets.source import (
     drop_slot,
     ensure_publication,
     load_type_catalog,
+    prune_publication,
     read_slot,
     require_replication_role,
     require_usable_slot,
 )
 from cdc_assets.transactions import CommitInfo, with_commit_columns
 
+if TYPE_CHECKING:
+    from cdc_assets.online_snapshot import CopyProgress, TableCopied
+
 SETUP_MARKER = "_setup.json"
 
 
 @dataclass(slots=True)
 class SetupResult:
-    """What setup did: whether it created the publication and slot, and the rows it copied."""
+    """What setup did: whether it created the publication and slot, the rows of its initial copy,
+    the tables it added to or dropped from the publication, and the tables it copied online."""
 
     created_publication: bool = False
     created_slot: bool = False
     snapshot_lsn: int | None = None
     rows: dict[str, int] = field(default_factory=dict)
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    copied: list[TableCopied] = field(default_factory=list)
     elapsed_s: float = 0.0
 
 
-def setup(config: Config, *, progress: Callable[[str, int], None] | None = None) -> SetupResult:
-    """Create what is missing; copy the initial snapshot when the slot is new.
+def setup(
+    config: Config,
+    *,
+    prune: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+    copy_progress: Callable[[CopyProgress], None] | None = None,
+) -> SetupResult:
+    """Create what is missing; copy the initial snapshot when the slot is new; on a log already set
+    up, add the tables the config gained (``prune``: drop those it lost) and copy them online.
 
-    ``progress(table, rows_so_far)`` is called while tables are copied.
+    ``progress(table, rows_so_far)`` is called while the initial snapshot is copied,
+    ``copy_progress`` while tables are copied online.
     """
     source = config.source
     store = LogStore(config.changelog_path)
@@ -71,7 +94,6 @@ def setup(config: Config, *, progress: Callable[[str, int], None] | None = None)
     with DrainLock(source, wait=False), connect(source, purpose="setup") as conn:
         check_source(conn, config)
         require_replication_role(conn)
-        result.created_publication = ensure_publication(conn, config)
         checkpoint = read_checkpoint(store)
         slot = read_slot(conn, source.slot)
         if checkpoint is not None:
@@ -82,27 +104,47 @@ def setup(config: Config, *, progress: Callable[[str, int], None] | None = None)
                     " Remedy: move the change log and the warehouse aside and run `cdc-assets setup` again"
                 )
             require_usable_slot(slot, source)
-            return result  # already set up
-        if slot is not None:
-            if not store.exists(SETUP_MARKER):
-                raise CdcError(
-                    f"replication slot {source.slot} already exists but the change log at {config.changelog_path} is"
-                    " empty: it was not created by cdc-assets for this change log. Drop it"
-                    f" (SELECT pg_drop_replication_slot('{source.slot}')) or set source.slot to a new name"
-                )
-            drop_slot(conn, source.slot)  # left by a setup that died before its checkpoint
-        store.replace(SETUP_MARKER, json.dumps({"slot": source.slot}).encode())
-        ChangeLogReader(store).remove_stale()
-        with create_slot_with_snapshot(source) as exported:
-            result.created_slot = True
-            result.snapshot_lsn = exported.consistent_point
-            checkpoint = _copy_snapshot(
-                config, store, exported.snapshot_name, exported.consistent_point, result, progress
-            )
-        write_checkpoint(store, checkpoint)
-        store.delete(SETUP_MARKER)
+        publication = ensure_publication(conn, config)
+        result.created_publication = publication.created
+        result.added = [str(t) for t in publication.added]
+        if prune:
+            result.removed = [str(t) for t in prune_publication(conn, config)]
+        if checkpoint is None:
+            _create_slot_and_copy(config, conn, store, slot is not None, result, progress)
+    if checkpoint is not None:  # the drain goes on while the tables the log has no copy of are copied
+        from cdc_assets.online_snapshot import copy_table, tables_without_copy  # it builds on this module
+
+        result.copied = [copy_table(config, store, t, copy_progress) for t in tables_without_copy(config, store)]
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+def _create_slot_and_copy(
+    config: Config,
+    conn: psycopg.Connection[Any],
+    store: LogStore,
+    slot_exists: bool,
+    result: SetupResult,
+    progress: Callable[[str, int], None] | None,
+) -> None:
+    """Create the slot and copy every configured table as of its snapshot (under the drain lock)."""
+    source = config.source
+    if slot_exists:
+        if not store.exists(SETUP_MARKER):
+            raise CdcError(
+                f"replication slot {source.slot} already exists but the change log at {config.changelog_path} is"
+                " empty: it was not created by cdc-assets for this change log. Drop it"
+                f" (SELECT pg_drop_replication_slot('{source.slot}')) or set source.slot to a new name"
+            )
+        drop_slot(conn, source.slot)  # left by a setup that died before its checkpoint
+    store.replace(SETUP_MARKER, json.dumps({"slot": source.slot}).encode())
+    ChangeLogReader(store).remove_stale()
+    with create_slot_with_snapshot(source) as exported:
+        result.created_slot = True
+        result.snapshot_lsn = exported.consistent_point
+        checkpoint = _copy_snapshot(config, store, exported.snapshot_name, exported.consistent_point, result, progress)
+    write_checkpoint(store, checkpoint)
+    store.delete(SETUP_MARKER)
 
 
 def _copy_snapshot(

@@ -319,3 +319,51 @@ def test_setup_with_the_slot_gone(pg: Database, tmp_path: Path) -> None:
         pipe.setup()
     assert pipe.checkpoint_bytes() == before and pipe.confirmed_flush() is None
     assert json.loads(before)["lsn"] == pipe.checkpoint().lsn
+
+
+def test_setup_adds_a_configured_table_online_and_prune_drops_one(pg: Database, tmp_path: Path) -> None:
+    """A table added under ``tables:`` becomes live with `cdc-assets setup`: added to the publication
+    and copied online (a snapshot run the drain then records); no other table is copied again and
+    the slot stays. `setup --prune` drops a table no longer configured from the publication."""
+    pg.execute(
+        "CREATE TABLE a (id int PRIMARY KEY, v text); INSERT INTO a SELECT g, 'a' || g FROM generate_series(1, 5) g"
+    )
+    pg.execute(
+        "CREATE TABLE b (id int PRIMARY KEY, v text); INSERT INTO b SELECT g, 'b' || g FROM generate_series(1, 7) g"
+    )
+    pipe = Pipeline(pg, tmp_path, ["public.a"])
+    pipe.setup()
+    slots = "SELECT slot_name::text FROM pg_replication_slots"
+    pg.execute("UPDATE a SET v = 'changed' WHERE id = 1; UPDATE b SET v = 'unpublished' WHERE id = 1")
+    pipe.drain()
+
+    pipe.tables.append("public.b")
+    pipe.update_source()
+    added = pipe.cli("setup")
+    assert added.returncode == 0, added.stderr
+    lines = added.stdout.splitlines()
+    assert "added public.b to publication cdc_pub" in lines
+    assert any(line.startswith("copied online: public.b: 7 rows in 1 chunks as of LSN") for line in lines), lines
+    assert not any("public.a" in line for line in lines), lines  # nothing else copied again
+    pg.execute("UPDATE b SET v = 'after' WHERE id = 2; DELETE FROM b WHERE id = 3; INSERT INTO b VALUES (8, 'new')")
+    pipe.drain()
+    checkpoint = pipe.checkpoint()
+    assert checkpoint is not None and checkpoint.tables["public.b"].snapshot_run is not None
+    assert pg.execute(slots) == [("cdc_slot",)], "the copy's temporary slot is left"
+    pipe.assert_mirrors(["public.a", "public.b"])  # the log replayed from the run equals the source
+    again = pipe.cli("setup")
+    assert again.stdout.startswith("already set up"), again.stdout  # the run counts as b's copy
+
+    pipe.tables.remove("public.a")
+    pipe.update_source()
+    pruned = pipe.cli("setup", "--prune")
+    assert pruned.returncode == 0, pruned.stderr
+    assert "dropped public.a from publication cdc_pub (its Delta table stays)" in pruned.stdout.splitlines()
+    published = pg.execute("SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'cdc_pub'")
+    assert published == [("b",)]
+    last_a = checkpoint.tables["public.a"].last_change_lsn
+    pg.execute("UPDATE a SET v = 'unmirrored' WHERE id = 2; UPDATE b SET v = 'mirrored' WHERE id = 4")
+    pipe.drain()
+    after = pipe.checkpoint()
+    assert after is not None and after.tables["public.a"].last_change_lsn == last_a
+    pipe.assert_mirrors(["public.b"])

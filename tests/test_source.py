@@ -65,6 +65,7 @@ from cdc_assets.source import (
     ensure_publication,
     load_type_catalog,
     pgoutput_options,
+    prune_publication,
     published_tables,
     read_server_settings,
     read_slot,
@@ -267,7 +268,7 @@ def test_table_checks(pg: Database, make_role: Callable[..., str]) -> None:
         require_tables(conn, [owned], publication="p")
         config = dataclasses.replace(config_of(pg, ["owned"]), source=as_role(pg, owner))
         assert check_source(conn, config).major == pg.version
-        assert ensure_publication(conn, config)  # what the check allowed really works
+        assert ensure_publication(conn, config).created  # what the check allowed really works
 
 
 # --- publication -----------------------------------------------------------------------------
@@ -278,19 +279,42 @@ def test_ensure_publication_creates_then_verifies(pg: Database) -> None:
     pg.execute("CREATE TABLE plain (id int PRIMARY KEY); CREATE TABLE extra (id int PRIMARY KEY)")
     config = config_of(pg, ['"Odd Schema"."Mixed.Case"', "plain"], publication="Pub Lic")
     with pg.connect() as conn:
-        assert ensure_publication(conn, config)
+        assert ensure_publication(conn, config).created
         assert published_tables(conn, "Pub Lic") == {
             TableName("Odd Schema", "Mixed.Case"),
             TableName("public", "plain"),
         }
-        assert not ensure_publication(conn, config)
+        again = ensure_publication(conn, config)
+        assert not again.created and not again.added
         wider = config_of(pg, ["plain", "extra", '"Odd Schema"."Mixed.Case"'], publication="Pub Lic")
+        assert ensure_publication(conn, wider).added == [TableName("public", "extra")]  # the role owns it
+        assert TableName("public", "extra") in published_tables(conn, "Pub Lic")
+        assert prune_publication(conn, config) == [TableName("public", "extra")]
+        assert TableName("public", "extra") not in published_tables(conn, "Pub Lic")
+        assert prune_publication(conn, config) == []
+
+
+def test_a_publication_of_another_role_is_never_altered(pg: Database) -> None:
+    owner, mirror = f"owner_{pg.name}", f"mirror_{pg.name}"
+    pg.execute(f'CREATE ROLE "{owner}"; CREATE TABLE plain (id int PRIMARY KEY); CREATE TABLE extra (id int)')
+    pg.execute(f'CREATE PUBLICATION theirs FOR TABLE plain; ALTER PUBLICATION theirs OWNER TO "{owner}"')
+    pg.execute(f'CREATE ROLE "{mirror}" LOGIN REPLICATION; GRANT SELECT ON plain, extra TO "{mirror}"')
+    source = dataclasses.replace(as_role(pg, mirror), publication="theirs")
+    wider = dataclasses.replace(config_of(pg, ["plain", "extra"]), source=source)
+    with connect(wider.source, purpose="check") as conn:
         with pytest.raises(
             PublicationMismatchError,
-            match=r"publication Pub Lic does not publish public\.extra: add the missing tables",
+            match=r'does not publish public\.extra: its owner can add them \(ALTER PUBLICATION "theirs" ADD TABLE'
+            r' "public"\."extra"\)',
         ):
             ensure_publication(conn, wider)
-        assert TableName("public", "extra") not in published_tables(conn, "Pub Lic")  # not altered
+        narrower = dataclasses.replace(wider, tables=())
+        with pytest.raises(
+            SourcePermissionError, match=r'its owner can run ALTER PUBLICATION "theirs" DROP TABLE "public"\."plain"'
+        ):
+            prune_publication(conn, narrower)
+    with pg.connect() as conn:
+        assert published_tables(conn, "theirs") == {TableName("public", "plain")}  # not altered
 
 
 # --- slots -----------------------------------------------------------------------------------

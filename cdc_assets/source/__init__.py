@@ -21,6 +21,7 @@ from cdc_assets.source.heartbeat import HEARTBEAT_PREFIX, emit_heartbeat
 from cdc_assets.source.lock import DrainLock, TableCopyLock, drain_lock_key
 from cdc_assets.source.publication import (
     ensure_publication,
+    prune_publication,
     publication_exists,
     published_tables,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "load_type_catalog",
     "max_proto_version",
     "pgoutput_options",
+    "prune_publication",
     "publication_exists",
     "published_tables",
     "read_server_settings",

@@ -61,6 +61,7 @@ import psycopg
 import pyarrow as pa
 from psycopg.types.string import ByteaBinaryLoader
 
+from cdc_assets.changelog.checkpoint import TableState
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import TableName
 from cdc_assets.pgoutput.schema import RelationSchema
@@ -195,8 +196,10 @@ def replay(
     return replica
 
 
-def _records(reader: ChangeLogReader, table: str, upto: int | None) -> Iterator[_Record]:
-    for chunk in reader.read_changes(table, upto=upto):
+def _records(reader: ChangeLogReader, table: str, state: TableState | None, upto: int | None) -> Iterator[_Record]:
+    """The table's records from its latest copy (the initial snapshot, or an online run)."""
+    chunks = reader.read_changes(table, upto=upto) if state is None else reader.read_table(table, state, upto=upto)
+    for chunk in chunks:
         records = chunk.records
         columns = {name: to_python(records.column(name)) for name in records.column_names}
         for i in range(records.num_rows):
@@ -224,7 +227,8 @@ def _replay_table(
     reader: ChangeLogReader, name: str, checkpoint: Any, upto: int | None, anomalies: list[str]
 ) -> TableReplica:
     table = TableReplica(name)
-    records = list(_records(reader, name, upto))
+    state = checkpoint.tables.get(name) if checkpoint is not None else None
+    records = list(_records(reader, name, state, upto))
     order = [(r.commit_lsn, r.position) for r in records]
     if order != sorted(order):
         first = next(i for i in range(1, len(order)) if order[i] < order[i - 1])
@@ -242,7 +246,6 @@ def _replay_table(
             table.schema_versions.append(record.version)
         _apply(table, record, anomalies)
         table.records += 1
-    state = checkpoint.tables.get(name) if checkpoint is not None else None
     if state is not None and (table.schema is None or not table.schema.same_version(state.relation)):
         _change_schema(table, state.relation)  # e.g. an empty snapshot: the checkpoint knows the columns
     return table

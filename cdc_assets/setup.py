@@ -39,7 +39,6 @@ from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.source import (
     DrainLock,
-    SnapshotReader,
     check_source,
     connect,
     create_slot_with_snapshot,
@@ -51,6 +50,7 @@ from cdc_assets.source import (
     require_replication_role,
     require_usable_slot,
 )
+from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.transactions import CommitInfo, with_commit_columns
 
 if TYPE_CHECKING:
@@ -155,27 +155,32 @@ def _copy_snapshot(
     result: SetupResult,
     progress: Callable[[str, int], None] | None,
 ) -> Checkpoint:
-    """Copy every configured table as of the snapshot into the log's first batch."""
+    """Copy every configured table as of the snapshot into the log's first batch, with
+    ``source.snapshot_workers`` connections (:mod:`cdc_assets.source.parallel_copy`)."""
     writer = BatchWriter(store, Checkpoint(config.source.slot, 0))
     info = CommitInfo(xid=0, commit_lsn=lsn, end_lsn=lsn, commit_time_us=time.time_ns() // 1000)
     try:
-        with SnapshotReader(config.source, snapshot_name) as snapshot:
-            for table in config.tables:
-                relation = snapshot.describe(table.name)
-                catalog = TypeCatalog.of(load_type_catalog(snapshot.connection, [c.type_oid for c in relation.columns]))
-                builder = ChangeRecordBuilder(relation, catalog)
-                copied = 0
-                for columns in snapshot.chunks(relation):
-                    count = len(columns[0]) if columns else 0
-                    records = builder.snapshot(columns, np.arange(copied, copied + count, dtype=np.int64))
-                    writer.records(relation, with_commit_columns(records, info))
-                    copied += count
-                    if progress is not None:
-                        progress(str(table.name), copied)
-                if copied == 0:  # an empty table still gets its schema into the log
-                    empty = [pa.array([], pa.binary()) for _ in relation.columns]
-                    writer.records(relation, with_commit_columns(builder.snapshot(empty, np.arange(0)), info))
-                result.rows[str(table.name)] = copied
+        with ParallelCopy(config.source, snapshot_name, config.source.snapshot_workers) as copy:
+            plans = [copy.plan(table.name) for table in config.tables]
+            oids = [c.type_oid for plan in plans for c in plan.relation.columns]
+            catalog = TypeCatalog.of(load_type_catalog(copy.reader.connection, oids))
+            builders = {plan.relation.qualified_name: ChangeRecordBuilder(plan.relation, catalog) for plan in plans}
+            copied = dict.fromkeys(builders, 0)
+            for plan in plans:  # each table's schema first: an empty table has nothing else
+                empty = [pa.array([], pa.binary()) for _ in plan.relation.columns]
+                builder = builders[plan.relation.qualified_name]
+                writer.records(plan.relation, with_commit_columns(builder.snapshot(empty, np.arange(0)), info))
+            for relation, columns in copy.run(plans):
+                name = relation.qualified_name
+                count = len(columns[0]) if columns else 0
+                records = builders[name].snapshot(
+                    columns, np.arange(copied[name], copied[name] + count, dtype=np.int64)
+                )
+                writer.records(relation, with_commit_columns(records, info))
+                copied[name] += count
+                if progress is not None:
+                    progress(name, copied[name])
+        result.rows.update(copied)
     except BaseException:
         writer.abandon()
         raise

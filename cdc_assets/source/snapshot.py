@@ -9,16 +9,16 @@ transaction opened around it sees a different moment, so it cannot replace this.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
-from contextlib import closing, contextmanager
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 from psycopg import errors, sql
-from psycopg.types.string import ByteaBinaryLoader
 
 from cdc_assets.config import SourceConfig, TableName, quote_identifier
 from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError
@@ -27,8 +27,8 @@ from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.catalog import describe_table
 from cdc_assets.source.connection import apply_pinned_settings, connect, one_row, server_major
 from cdc_assets.source.publication import is_partitioned
+from cdc_assets.source.text_copy import copy_text_query, output_select, read_text_columns
 
-CSTRING_OID = 2275  # what output functions return; its binary form is the text itself
 CHUNK_ROWS = 50_000
 
 
@@ -137,34 +137,15 @@ class SnapshotReader:
 
     def chunks(self, relation: RelationSchema) -> Iterator[list[pa.BinaryArray]]:
         """The table's rows as of the snapshot, ``chunk_rows`` at a time, one ``BinaryArray`` per
-        published column holding the text of each value (null for NULL).
-
-        Each value goes through its type's output function, exactly as pgoutput's text mode sends
-        it; a ``::text`` cast would differ (``true::text`` is ``true``, pgoutput sends ``t``; bpchar
-        casts drop padding; inet casts add ``/32``). Consume the iterator fully: stopping early
-        cancels the query and ends the transaction.
+        published column holding the text pgoutput sends for each value (null for NULL; see
+        :mod:`cdc_assets.source.text_copy`). Consume the iterator fully: stopping early cancels
+        the query and ends the transaction.
         """
         conn = self.connection
-        outputs = dict(
-            conn.execute(
-                "SELECT oid::int8, typoutput::regproc::text FROM pg_type WHERE oid = ANY(%s::int8[]::oid[])",
-                ([c.type_oid for c in relation.columns],),
-            ).fetchall()
+        query = copy_text_query(output_select(conn, relation), copy_source(conn, relation.table))
+        yield from read_text_columns(
+            conn, query, len(relation.columns), block_rows=self._chunk_rows, block_bytes=sys.maxsize
         )
-        select = ", ".join(f"{outputs[c.type_oid]}({quote_identifier(c.name)})" for c in relation.columns)
-        cursor = conn.cursor(binary=True)
-        cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
-        rows: list[tuple[bytes | None, ...]] = []
-        query = f"SELECT {select} FROM {copy_source(conn, relation.table)}"
-        stream = cast("Generator[tuple[bytes | None, ...], None, None]", cursor.stream(query, size=self._chunk_rows))
-        with closing(stream):  # stopping early cancels the query
-            for row in stream:
-                rows.append(row)
-                if len(rows) == self._chunk_rows:
-                    yield _columns(rows)
-                    rows = []
-        if rows:
-            yield _columns(rows)
 
 
 def copy_source(conn: psycopg.Connection[Any], table: TableName) -> str:
@@ -176,7 +157,3 @@ def copy_source(conn: psycopg.Connection[Any], table: TableName) -> str:
     every leaf's changes arrive under it (the publication check refuses the other cases).
     """
     return table.sql if is_partitioned(conn, table) else f"ONLY {table.sql}"
-
-
-def _columns(rows: list[tuple[bytes | None, ...]]) -> list[pa.BinaryArray]:
-    return [pa.array(values, pa.binary()) for values in zip(*rows)]

@@ -1,0 +1,227 @@
+"""Copying tables as of an exported snapshot with several connections at once.
+
+Every worker is a :class:`SnapshotReader`: its own connection that imports the same exported
+snapshot (REPEATABLE READ, READ ONLY, the pinned settings), so the copy is one consistent moment
+however it is split. A table is split into ``ctid`` block ranges (PostgreSQL 14+ runs
+``ctid >= '(b,0)' AND ctid < '(e,0)'`` as a TID range scan); the first range has no lower bound
+and the last none above, so every row is in exactly one range whatever the table's size. The
+block count is that of the largest heap the copy reads: the table, or for a partitioned table
+(read through its root, see :func:`copy_source`) its largest leaf — the ranges then apply to every
+leaf, one TID range scan each, with the root's privileges.
+
+Workers take tasks (largest first) from one queue; the caller's thread gets each block of rows as
+``(relation, columns)`` from :meth:`ParallelCopy.run`, so what it does with them (convert, write)
+needs no locking. A worker's error stops the others and is raised in the caller's thread, naming
+the table.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import closing
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+from psycopg import errors
+
+from cdc_assets.config import SourceConfig, TableName
+from cdc_assets.errors import SourceError, SourcePermissionError
+from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.source.connection import one_row
+from cdc_assets.source.snapshot import SnapshotReader, copy_source
+from cdc_assets.source.text_copy import copy_text_query, output_select, read_text_columns
+
+RANGE_BLOCKS_MIN = 256
+"""Blocks (2 MiB of 8 kB pages) below which a range is not worth its own query."""
+RANGE_BLOCKS_MAX = 16_384
+"""Blocks (128 MiB) a range holds at most, so that workers finish close together."""
+RANGES_PER_WORKER = 4
+
+_HEAP_BLOCKS = """
+SELECT greatest(pg_relation_size(%(oid)s::oid),
+                (SELECT max(pg_relation_size(relid)) FROM pg_partition_tree(%(oid)s::oid) WHERE isleaf))
+       / current_setting('block_size')::int8"""
+
+
+@dataclass(slots=True, frozen=True)
+class BlockRange:
+    """Blocks ``[start, end)`` of a table's heap; ``None`` leaves that side open."""
+
+    start: int | None
+    end: int | None
+
+    @property
+    def condition(self) -> str:
+        """The ``WHERE`` condition selecting the range's rows (empty: the whole table)."""
+        bounds = []
+        if self.start is not None:
+            bounds.append(f"ctid >= '({self.start},0)'::tid")
+        if self.end is not None:
+            bounds.append(f"ctid < '({self.end},0)'::tid")
+        return " AND ".join(bounds)
+
+
+def block_ranges(blocks: int, workers: int) -> list[BlockRange]:
+    """Split ``blocks`` into about ``RANGES_PER_WORKER`` ranges per worker, each between
+    :data:`RANGE_BLOCKS_MIN` and :data:`RANGE_BLOCKS_MAX` blocks (a small table is one range)."""
+    count = max(math.ceil(blocks / RANGE_BLOCKS_MAX), min(workers * RANGES_PER_WORKER, blocks // RANGE_BLOCKS_MIN))
+    if count <= 1:
+        return [BlockRange(None, None)]
+    cuts = [blocks * i // count for i in range(1, count)]
+    return [BlockRange(start, end) for start, end in zip([None, *cuts], [*cuts, None])]
+
+
+@dataclass(slots=True, frozen=True)
+class TablePlan:
+    """How one table is copied: its published columns, what the copy reads, and the ranges."""
+
+    relation: RelationSchema
+    select: str
+    source: str
+    blocks: int
+    ranges: tuple[BlockRange, ...]
+
+    def query(self, block_range: BlockRange) -> str:
+        return copy_text_query(self.select, self.source, block_range.condition)
+
+    def blocks_of(self, block_range: BlockRange) -> int:
+        """The range's size in blocks (the open last range: up to the planned count)."""
+        return (self.blocks if block_range.end is None else block_range.end) - (block_range.start or 0)
+
+
+@dataclass(slots=True, frozen=True)
+class _Task:
+    plan: TablePlan
+    block_range: BlockRange
+
+
+@dataclass(slots=True, frozen=True)
+class _Failed:
+    error: BaseException
+
+
+_DONE = object()
+
+
+class ParallelCopy:
+    """``with ParallelCopy(source, snapshot_name, workers) as copy:`` plan tables with
+    :meth:`plan`, then iterate :meth:`run` — while the slot-creating connection is open.
+
+    ``copy.reader`` is the planning connection (also a :class:`SnapshotReader`), for catalog
+    look-ups in the same snapshot.
+    """
+
+    def __init__(self, source: SourceConfig, snapshot_name: str, workers: int) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, got {workers}")
+        self.source = source
+        self.snapshot_name = snapshot_name
+        self.workers = workers
+        self._reader: SnapshotReader | None = None
+
+    def __enter__(self) -> ParallelCopy:
+        self._reader = SnapshotReader(self.source, self.snapshot_name).__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._reader is not None:
+            self._reader.__exit__(exc_type, exc, tb)
+            self._reader = None
+
+    @property
+    def reader(self) -> SnapshotReader:
+        if self._reader is None:
+            raise RuntimeError("ParallelCopy is not open (use it as a context manager)")
+        return self._reader
+
+    def plan(self, table: TableName) -> TablePlan:
+        """The table's published columns as of the snapshot and its block ranges."""
+        conn = self.reader.connection
+        relation = self.reader.describe(table)
+        (blocks,) = one_row(conn.execute(_HEAP_BLOCKS, {"oid": relation.relation_oid}))
+        return TablePlan(
+            relation,
+            output_select(conn, relation),
+            copy_source(conn, table),
+            int(blocks),
+            tuple(block_ranges(int(blocks), self.workers)),
+        )
+
+    def run(self, plans: Sequence[TablePlan]) -> Iterator[tuple[RelationSchema, list[pa.BinaryArray]]]:
+        """Every row of the planned tables, a block at a time, as ``(relation, columns)``; blocks
+        of different tables and ranges interleave. Closing the iterator early stops the workers."""
+        tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        for task in sorted(
+            (_Task(plan, r) for plan in plans for r in plan.ranges), key=lambda t: -t.plan.blocks_of(t.block_range)
+        ):
+            tasks.put(task)
+        count = min(self.workers, tasks.qsize())
+        results: queue.Queue[Any] = queue.Queue(maxsize=2 * count)
+        stop = threading.Event()
+        threads = [
+            threading.Thread(target=self._work, args=(tasks, results, stop), name=f"cdc-copy-{i}", daemon=True)
+            for i in range(count)
+        ]
+        for thread in threads:
+            thread.start()
+        running = count
+        try:
+            while running:
+                item = results.get()
+                if item is _DONE:
+                    running -= 1
+                elif isinstance(item, _Failed):
+                    raise item.error
+                else:
+                    yield item
+        finally:
+            stop.set()
+            while running:  # take what the others still put, so none waits on a full queue
+                if results.get() is _DONE:
+                    running -= 1
+            for thread in threads:
+                thread.join()
+
+    def _work(self, tasks: queue.SimpleQueue[_Task], results: queue.Queue[Any], stop: threading.Event) -> None:
+        """One worker: its own connection into the snapshot, tasks until none is left."""
+        try:
+            with SnapshotReader(self.source, self.snapshot_name) as reader:
+                while not stop.is_set():
+                    try:
+                        task = tasks.get_nowait()
+                    except queue.Empty:
+                        return
+                    self._copy_range(reader.connection, task, results, stop)
+        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
+            results.put(_Failed(error))
+        finally:
+            results.put(_DONE)
+
+    @staticmethod
+    def _copy_range(
+        conn: psycopg.Connection[Any], task: _Task, results: queue.Queue[Any], stop: threading.Event
+    ) -> None:
+        relation = task.plan.relation
+        blocks = read_text_columns(conn, task.plan.query(task.block_range), len(relation.columns))
+        try:
+            with closing(blocks):  # leaving early cancels the COPY
+                for columns in blocks:
+                    if stop.is_set():
+                        return
+                    results.put((relation, columns))
+        except errors.InsufficientPrivilege as error:
+            raise SourcePermissionError(
+                f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
+            ) from None
+        except psycopg.Error as error:
+            raise SourceError(
+                f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
+            ) from None

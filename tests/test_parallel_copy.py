@@ -1,0 +1,235 @@
+"""The initial snapshot in parallel (``cdc_assets/source/parallel_copy.py``, ``text_copy.py``)
+against real PostgreSQL: values byte for byte what pgoutput sends, tables split into ``ctid``
+ranges copied by several workers equal to the source (inheritance and partitioned tables too),
+and a worker's error failing setup cleanly, with the table named, and setup rerunnable."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from cdc_assets.config import SourceConfig, TableName, parse_config
+from cdc_assets.errors import ConfigError, SourcePermissionError
+from cdc_assets.pgoutput.messages import InsertMessage
+from cdc_assets.source import connect, create_slot_with_snapshot
+from cdc_assets.source.parallel_copy import RANGE_BLOCKS_MIN, BlockRange, ParallelCopy, block_ranges
+from cdc_assets.source.snapshot import SnapshotReader
+from tests.conftest import Database
+from tests.support.oracle import read_source_text
+from tests.support.peek import create_slot, peek_decoded, pgoutput_options
+from tests.support.pipeline import Pipeline, wait_until
+
+# Text that CSV must carry exactly: quotes, commas, line breaks inside values, backslashes, a
+# lone "\." (the end-of-data marker of text COPY), the empty string beside NULL, non-ASCII.
+TRICKY = (
+    "CREATE TYPE mood AS ENUM ('sad', 'happy');"
+    " CREATE TABLE tricky (id int PRIMARY KEY, t text, b bytea, arr text[], m mood[], j jsonb, c char(3));"
+    " CREATE TABLE single (v text);"
+    " CREATE PUBLICATION cdc_pub FOR TABLE tricky, single"
+)
+TRICKY_ROWS = (
+    "INSERT INTO tricky VALUES"
+    " (1, 'plain', '\\x00ff', '{a,b}', '{sad}', '{\"k\": \"v\"}', 'ab'),"
+    " (2, 'line\nbreak', '\\x0a0d2c22', '{\"with,comma\",\"quote\\\"d\"}', '{happy,NULL}', '\"str\"', ''),"
+    " (3, 'cr\r\nlf and \"quotes\", commas', '', '{}', '{}', 'null', NULL),"
+    " (4, '', NULL, '{\"\",NULL}', NULL, '[]', ' x '),"
+    " (5, NULL, '\\x5c2e', NULL, '{}', NULL, NULL),"
+    " (6, E'\\\\.', '\\x', '{\"\\\\\\\\\"}', '{sad,happy}', '{\"a\\\\nb\": 1}', 'q\"'),"
+    " (7, 'tab\there \\ backslash', '\\x5c', '{\"line\nbreak\"}', '{}', '1', '\"'),"
+    " (8, 'ünïcødé ✓ 日本', convert_to('ü', 'UTF8'), '{ü}', '{}', '{\"ü\": \"✓\"}', 'ü'),"
+    " (9, ' leading and trailing ', NULL, '{\" \"}', '{}', '\"\"', '  ');"
+    " INSERT INTO single VALUES (NULL), (''), ('\"'), (NULL), ('x'), (E'\\n')"
+)
+
+
+def _rows(chunks: list[list[pa.BinaryArray]]) -> list[tuple[bytes | None, ...]]:
+    return sorted(
+        (row for chunk in chunks for row in zip(*(column.to_pylist() for column in chunk))),
+        key=lambda row: [(v is None, v) for v in row],
+    )
+
+
+def test_block_ranges_cover_the_table_once() -> None:
+    assert block_ranges(0, 4) == block_ranges(2 * RANGE_BLOCKS_MIN - 1, 4) == [BlockRange(None, None)]
+    for blocks, workers in ((2 * RANGE_BLOCKS_MIN, 4), (10_000, 2), (140_000, 2), (140_000, 1), (1_000_000, 8)):
+        ranges = block_ranges(blocks, workers)
+        assert len(ranges) > 1 and ranges[0].start is None and ranges[-1].end is None
+        assert all(a.end == b.start for a, b in itertools.pairwise(ranges))
+        sizes = [(r.end or blocks) - (r.start or 0) for r in ranges]
+        assert sum(sizes) == blocks and min(sizes) >= RANGE_BLOCKS_MIN and max(sizes) <= 16_384
+    assert len(block_ranges(10_000, 2)) == 8  # four per worker
+    assert BlockRange(3, 7).condition == "ctid >= '(3,0)'::tid AND ctid < '(7,0)'::tid"
+    assert BlockRange(None, None).condition == ""
+
+
+def test_copied_text_is_what_pgoutput_sends(pg: Database) -> None:
+    """Every value through the CSV copy — the parallel copy and ``SnapshotReader.chunks`` two rows
+    at a time, so blocks with and without line breaks in values are parsed — is byte for byte the
+    text pgoutput sends for the row and the text the oracle reads with a binary cursor."""
+    pg.execute(TRICKY)
+    source = SourceConfig(dsn=pg.dsn, slot=f"s_{pg.name}")
+    with pg.connect(autocommit=True) as conn:
+        create_slot(conn, f"obs_{pg.name}")
+    pg.execute(TRICKY_ROWS)
+    tables = [TableName("public", "tricky"), TableName("public", "single")]
+    with create_slot_with_snapshot(source) as snapshot:
+        with ParallelCopy(source, snapshot.snapshot_name, workers=2) as copy:
+            plans = [copy.plan(table) for table in tables]
+            parallel: dict[str, list[list[pa.BinaryArray]]] = {str(t): [] for t in tables}
+            for relation, columns in copy.run(plans):
+                parallel[relation.qualified_name].append(columns)
+        with SnapshotReader(source, snapshot.snapshot_name, chunk_rows=2) as reader:
+            chunked = {str(t): list(reader.chunks(reader.describe(t))) for t in tables}
+    with connect(source, purpose="test") as conn:
+        options = pgoutput_options(pg.version, "cdc_pub")
+        sent: dict[str, list[tuple[bytes | None, ...]]] = {str(t): [] for t in tables}
+        for decoded in peek_decoded(conn, f"obs_{pg.name}", options):
+            if isinstance(decoded.message, InsertMessage):
+                name = "public.tricky" if len(decoded.message.new_tuple.values) > 1 else "public.single"
+                sent[name].append(tuple(decoded.message.new_tuple.values))
+        oracle = {str(t): read_source_text(conn, t).rows for t in tables}
+    assert [len(chunk[0]) for chunk in chunked["public.tricky"]] == [2, 2, 2, 2, 1]
+    for table in sent:
+        expected = _rows([[pa.array(column, pa.binary()) for column in zip(*sent[table])]])
+        assert _rows(parallel[table]) == expected, table
+        assert _rows(chunked[table]) == expected, table
+        assert _rows([[pa.array(column, pa.binary()) for column in zip(*oracle[table])]]) == expected, table
+    assert (None,) in sent["public.single"] and (b"",) in sent["public.single"]  # a NULL row is an empty line
+
+
+WORKLOAD = (
+    # ~1,500 blocks: split into several ranges; deleted and updated rows leave holes and move rows
+    "CREATE TABLE big (id int PRIMARY KEY, pad text, n numeric, at timestamptz)",
+    "INSERT INTO big SELECT g, repeat(md5(g::text), 2), g / 7.0, timestamptz '2024-01-01' + g * interval '1 min'"
+    " FROM generate_series(1, 100000) g",
+    "DELETE FROM big WHERE id % 97 = 0",
+    "UPDATE big SET pad = 'moved' WHERE id % 101 = 0",
+    "CREATE TABLE parent (id int PRIMARY KEY, pad text)",
+    "CREATE TABLE child (extra int) INHERITS (parent)",
+    "ALTER TABLE child ADD PRIMARY KEY (id)",
+    "INSERT INTO parent SELECT g, repeat('p', 200) FROM generate_series(1, 40000) g",
+    "INSERT INTO child SELECT g, repeat('c', 60), g FROM generate_series(100001, 140000) g",
+    "CREATE TABLE m (id int, region text, v text, PRIMARY KEY (id, region)) PARTITION BY LIST (region)",
+    "CREATE TABLE m_eu PARTITION OF m FOR VALUES IN ('eu')",
+    "CREATE TABLE m_us PARTITION OF m FOR VALUES IN ('us')",
+    "INSERT INTO m SELECT g, CASE WHEN g % 3 = 0 THEN 'us' ELSE 'eu' END, repeat('m', 200)"
+    " FROM generate_series(1, 60000) g",
+    "CREATE TABLE empty (id int PRIMARY KEY)",
+)
+TABLES = ["public.big", "public.parent", "public.child", "public.m", "public.empty"]
+
+
+def _blocks(pg: Database, table: str) -> int:
+    (blocks,) = pg.execute(
+        "SELECT greatest(pg_relation_size(%(t)s::regclass), (SELECT max(pg_relation_size(relid))"
+        " FROM pg_partition_tree(%(t)s::regclass) WHERE isleaf)) / current_setting('block_size')::int8",
+        {"t": table},
+    )[0]
+    return int(blocks)
+
+
+def test_parallel_setup_equals_the_source(pg: Database, tmp_path: Path) -> None:
+    """Three workers copy tables split into ctid ranges — a plain table with holes, an
+    inheritance parent without its child's rows, a partitioned table through its root (ranges
+    over every leaf) — and an empty table; the log replays to the source, before and after a
+    round of changes."""
+    pg.execute(";".join(WORKLOAD))
+    for table in ("big", "parent", "m"):
+        assert len(block_ranges(_blocks(pg, table), 3)) >= 3, table
+    pipe = Pipeline(pg, tmp_path, TABLES, source={"snapshot_workers": 3})
+    progress: dict[str, list[int]] = {}
+    result = pipe.setup(progress=lambda table, rows: progress.setdefault(table, []).append(rows))
+    assert result.rows == {
+        "public.big": 100000 - 1030,
+        "public.parent": 40000,
+        "public.child": 40000,
+        "public.m": 60000,
+        "public.empty": 0,
+    }
+    for table, counts in progress.items():
+        assert counts == sorted(counts) and counts[-1] == result.rows[table], table
+    replica = pipe.assert_mirrors()
+    assert len(replica["public.big"]) == 100000 - 1030
+    positions = [
+        p for chunk in pipe.reader.read_changes("public.big") for p in chunk.records.column("_cdc_position").to_pylist()
+    ]
+    assert sorted(positions) == list(range(len(positions)))  # one numbering across the ranges
+    pg.execute(
+        "UPDATE big SET pad = 'changed' WHERE id % 1000 = 1; DELETE FROM parent WHERE id % 500 = 0;"
+        " UPDATE m SET region = 'us' WHERE id % 7 = 1 AND region = 'eu'; INSERT INTO empty VALUES (1)"
+    )
+    pipe.drain()
+    pipe.assert_mirrors()
+
+
+@pytest.fixture
+def copier(pg: Database) -> Any:
+    """A LOGIN REPLICATION role that is not superuser (row-level security applies to it)."""
+    name = f"r_{pg.name}_copier"
+    pg.execute(f'CREATE ROLE "{name}" LOGIN REPLICATION')
+    pg.execute(f'GRANT CREATE ON DATABASE "{pg.name}" TO "{name}"; GRANT CREATE ON SCHEMA public TO "{name}"')
+    yield name
+    pg.execute(f'DROP OWNED BY "{name}"')
+    pg.execute(f'DROP ROLE "{name}"')
+
+
+def test_a_worker_error_fails_setup_cleanly(pg: Database, tmp_path: Path, copier: str) -> None:
+    """A row the source role may not read, in one range of a table copied by two workers: setup
+    fails with one error naming the table, the other workers stop, no checkpoint is written and
+    no copy connection is left; once the table is readable, setup runs again and is exact."""
+    with pg.connect(autocommit=True) as conn:
+        conn.execute(f'SET ROLE "{copier}"')
+        conn.execute(";".join(WORKLOAD[:3]))
+        conn.execute(
+            "CREATE FUNCTION readable(id int) RETURNS bool LANGUAGE plpgsql STABLE AS $$ BEGIN"
+            " IF id = 60000 THEN RAISE EXCEPTION 'row % of big is confidential', id"
+            " USING ERRCODE = 'insufficient_privilege'; END IF; RETURN true; END $$;"
+            " CREATE POLICY guard ON big USING (readable(id));"
+            " ALTER TABLE big ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;"
+            " CREATE TABLE small (id int PRIMARY KEY); INSERT INTO small VALUES (1), (2)"
+        )
+    pipe = Pipeline(
+        pg,
+        tmp_path,
+        ["public.big", "public.small"],
+        source={"snapshot_workers": 2},
+        dsn=pg.cluster.dsn(pg.name, user=copier),
+    )
+    with pytest.raises(SourcePermissionError) as failed:
+        pipe.setup()
+    assert str(failed.value) == "cannot copy table public.big: row 60000 of big is confidential"
+    assert pipe.checkpoint() is None and Path(pipe.changelog, "_setup.json").exists()
+    wait_until(  # a closed connection's server process ends a moment later
+        lambda: (
+            pg.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cdc-assets:snapshot'") == [(0,)]
+        ),
+        what="the copy's connections to close",
+    )
+    cli = pipe.cli("setup")
+    assert cli.returncode == 1
+    assert cli.stderr.splitlines()[-1] == "cdc-assets: cannot copy table public.big: row 60000 of big is confidential"
+    assert "Traceback" not in cli.stderr
+
+    pg.execute("ALTER TABLE big NO FORCE ROW LEVEL SECURITY")
+    result = pipe.setup()
+    assert result.created_slot and result.rows == {"public.big": 100000 - 1030, "public.small": 2}
+    assert not Path(pipe.changelog, "_setup.json").exists()
+    pipe.assert_mirrors()
+
+
+def test_snapshot_workers_setting(tmp_path: Path) -> None:
+    def source(extra: str) -> SourceConfig:
+        text = f"source:\n  dsn: x\n{extra}changelog: {{path: log}}\nwarehouse: {{path: wh}}\ntables: {{t: {{}}}}\n"
+        return parse_config(text, origin=tmp_path / "cdc.yaml", environ={}).source
+
+    assert source("").snapshot_workers == (os.cpu_count() or 1)
+    assert source("  snapshot_workers: 3\n").snapshot_workers == 3
+    for bad in ("0", "-1", "two", "true", "1.5"):
+        with pytest.raises(ConfigError) as refused:
+            source(f"  snapshot_workers: {bad}\n")
+        assert str(refused.value).startswith(f"{tmp_path / 'cdc.yaml'}: source.snapshot_workers: expected a positive")

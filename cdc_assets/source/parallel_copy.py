@@ -35,7 +35,7 @@ from cdc_assets.errors import SourceError, SourcePermissionError
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.connection import one_row
 from cdc_assets.source.snapshot import SnapshotReader, copy_source
-from cdc_assets.source.text_copy import copy_text_query, output_select, read_text_columns
+from cdc_assets.source.text_copy import copy_text_query, read_text_columns
 
 RANGE_BLOCKS_MIN = 256
 """Blocks (2 MiB of 8 kB pages) below which a range is not worth its own query."""
@@ -82,13 +82,12 @@ class TablePlan:
     """How one table is copied: its published columns, what the copy reads, and the ranges."""
 
     relation: RelationSchema
-    select: str
     source: str
     blocks: int
     ranges: tuple[BlockRange, ...]
 
     def query(self, block_range: BlockRange) -> str:
-        return copy_text_query(self.select, self.source, block_range.condition)
+        return copy_text_query(self.relation, self.source, block_range.condition)
 
     def blocks_of(self, block_range: BlockRange) -> int:
         """The range's size in blocks (the open last range: up to the planned count)."""
@@ -149,7 +148,6 @@ class ParallelCopy:
         (blocks,) = one_row(conn.execute(_HEAP_BLOCKS, {"oid": relation.relation_oid}))
         return TablePlan(
             relation,
-            output_select(conn, relation),
             copy_source(conn, table),
             int(blocks),
             tuple(block_ranges(int(blocks), self.workers)),

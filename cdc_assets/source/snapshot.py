@@ -27,7 +27,7 @@ from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.catalog import describe_table
 from cdc_assets.source.connection import apply_pinned_settings, connect, one_row, server_major
 from cdc_assets.source.publication import is_partitioned
-from cdc_assets.source.text_copy import copy_text_query, output_select, read_text_columns
+from cdc_assets.source.text_copy import copy_text_query, read_text_columns
 
 CHUNK_ROWS = 50_000
 
@@ -142,7 +142,7 @@ class SnapshotReader:
         the query and ends the transaction.
         """
         conn = self.connection
-        query = copy_text_query(output_select(conn, relation), copy_source(conn, relation.table))
+        query = copy_text_query(relation, copy_source(conn, relation.table))
         yield from read_text_columns(
             conn, query, len(relation.columns), block_rows=self._chunk_rows, block_bytes=sys.maxsize
         )

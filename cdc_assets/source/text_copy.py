@@ -1,9 +1,10 @@
-"""A table's values as pgoutput's text, read with ``COPY (SELECT typoutput(c), …) TO STDOUT (FORMAT csv)``.
+"""A table's values as pgoutput's text, read with ``COPY (SELECT c1, … FROM t) TO STDOUT (FORMAT csv)``.
 
-Each value goes through its type's output function, exactly as pgoutput's text mode sends it; a
-``::text`` cast would differ (``true::text`` is ``true``, pgoutput sends ``t``; bpchar casts drop
-padding; inet casts add ``/32``). The pinned settings make that text deterministic, and their
-``client_encoding`` (UTF8, the only server encoding cdc-assets accepts) means no conversion.
+COPY's text formats write each value through its type's output function (``typoutput``; a
+domain's is its base type's), exactly as pgoutput's text mode sends it — a ``::text`` cast would
+differ (``true::text`` is ``true``, pgoutput sends ``t``; bpchar casts drop padding; inet casts add
+``/32``). The pinned settings make that text deterministic, and their ``client_encoding`` (UTF8,
+the only server encoding cdc-assets accepts) means no conversion.
 
 CSV keeps every byte: PostgreSQL quotes a value holding a comma, a quote, CR or LF (doubling the
 quotes), writes the empty string as ``""`` and NULL as an empty unquoted field; pyarrow reads it
@@ -32,21 +33,12 @@ BLOCK_BYTES = 4 << 20
 """CSV bytes parsed at a time when no row count is asked for (plus the row that crosses it)."""
 
 
-def output_select(conn: psycopg.Connection[Any], relation: RelationSchema) -> str:
-    """The select list that gives each published column through its type's output function."""
-    outputs = dict(
-        conn.execute(
-            "SELECT oid::int8, typoutput::regproc::text FROM pg_type WHERE oid = ANY(%s::int8[]::oid[])",
-            ([c.type_oid for c in relation.columns],),
-        ).fetchall()
-    )
-    return ", ".join(f"{outputs[c.type_oid]}({quote_identifier(c.name)})" for c in relation.columns)
-
-
-def copy_text_query(select: str, source: str, where: str = "") -> str:
-    """The ``COPY`` statement reading ``select`` from ``source`` (a FROM item), with an optional filter."""
+def copy_text_query(relation: RelationSchema, source: str, where: str = "") -> str:
+    """The ``COPY`` reading ``relation``'s published columns from ``source`` (a FROM item), with an
+    optional filter."""
+    columns = ", ".join(quote_identifier(c.name) for c in relation.columns)
     condition = f" WHERE {where}" if where else ""
-    return f"COPY (SELECT {select} FROM {source}{condition}) TO STDOUT (FORMAT csv)"
+    return f"COPY (SELECT {columns} FROM {source}{condition}) TO STDOUT (FORMAT csv)"
 
 
 def read_text_columns(

@@ -53,6 +53,20 @@ class Progress:
             self.stream.flush()
 
 
+class CopyRates:
+    """The initial copy's progress line: a table's rows and rows/s since the copy's first block
+    (tables are copied at once, so each table's rate is its share of the copy)."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+
+    def line(self, table: str, rows: int) -> str:
+        now = time.monotonic()
+        self._started = self._started or now
+        rate = f", {rows / (now - self._started):,.0f} rows/s" if now > self._started else ""
+        return f"snapshot {table}: {rows:,} rows{rate}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -116,10 +130,11 @@ def _setup(args: argparse.Namespace) -> int:
 
     config = _config(args)
     progress = Progress()
+    rates = CopyRates()
     result = setup(
         config,
         prune=args.prune,
-        progress=lambda table, rows: progress.show(f"snapshot {table}: {rows:,} rows"),
+        progress=lambda table, rows: progress.show(rates.line(table, rows)),
         copy_progress=lambda p: progress.show(p.line()),
     )
     progress.done()

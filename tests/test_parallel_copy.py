@@ -17,7 +17,7 @@ from cdc_assets.config import SourceConfig, TableName, parse_config
 from cdc_assets.errors import ConfigError, SourcePermissionError
 from cdc_assets.pgoutput.messages import InsertMessage
 from cdc_assets.source import connect, create_slot_with_snapshot
-from cdc_assets.source.parallel_copy import RANGE_BLOCKS_MIN, BlockRange, ParallelCopy, block_ranges
+from cdc_assets.source.parallel_copy import RANGE_BLOCKS_MAX, RANGE_BLOCKS_MIN, BlockRange, ParallelCopy, block_ranges
 from cdc_assets.source.snapshot import SnapshotReader
 from tests.conftest import Database
 from tests.support.oracle import read_source_text
@@ -61,7 +61,7 @@ def test_block_ranges_cover_the_table_once() -> None:
         assert len(ranges) > 1 and ranges[0].start is None and ranges[-1].end is None
         assert all(a.end == b.start for a, b in itertools.pairwise(ranges))
         sizes = [(r.end or blocks) - (r.start or 0) for r in ranges]
-        assert sum(sizes) == blocks and min(sizes) >= RANGE_BLOCKS_MIN and max(sizes) <= 16_384
+        assert sum(sizes) == blocks and min(sizes) >= RANGE_BLOCKS_MIN and max(sizes) <= RANGE_BLOCKS_MAX
     assert len(block_ranges(10_000, 2)) == 8  # four per worker
     assert BlockRange(3, 7).condition == "ctid >= '(3,0)'::tid AND ctid < '(7,0)'::tid"
     assert BlockRange(None, None).condition == ""

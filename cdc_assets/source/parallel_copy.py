@@ -39,8 +39,8 @@ from cdc_assets.source.text_copy import copy_text_query, read_text_columns
 
 RANGE_BLOCKS_MIN = 256
 """Blocks (2 MiB of 8 kB pages) below which a range is not worth its own query."""
-RANGE_BLOCKS_MAX = 16_384
-"""Blocks (128 MiB) a range holds at most, so that workers finish close together."""
+RANGE_BLOCKS_MAX = 8_192
+"""Blocks (64 MiB) a range holds at most, so that workers finish close together."""
 RANGES_PER_WORKER = 4
 
 _HEAP_BLOCKS = """

@@ -1,0 +1,261 @@
+"""Initial-snapshot benchmark: setup's copy of one large table against the source's own read rate.
+
+    python benchmarks/snapshot.py [--pg 16] [--rows 10000000] [--workers 1,2,4] [--baseline-repeat 3]
+                                  [--part setup] [--json out.json]
+
+A throwaway cluster gets one table of ``--rows`` rows (8 columns: bigint key, int, text, timestamptz,
+numeric, boolean, double, a text that is NULL in every fifth row; 10,000,000 rows are ~1.1 GiB of
+heap), filled with ``INSERT … SELECT … FROM generate_series`` in steps, then VACUUM ANALYZE and
+CHECKPOINT, and read once so that every run finds it in the page cache.
+
+setup: the baseline is one ``COPY (SELECT * FROM ONLY t) TO STDOUT (FORMAT binary)`` read through
+       psycopg in this process, bytes only (``--baseline-repeat`` times, median): the source's own
+       limit for one connection. Then ``cdc_assets.setup.setup`` into a fresh change log on local
+       disk (durable: Parquet, fsync, checkpoint) with ``source.snapshot_workers`` each of
+       ``--workers``, timed whole (checks, publication, slot, copy, close), its slot dropped
+       afterwards. Reported: rows/s and MiB/s (of the table's heap) of each, the ratio setup ÷
+       baseline (target ≥ 0.7), and the CPU seconds of this process and of the server's processes
+       during each run, which show where the time goes. The baseline is measured again after the
+       setups, and the ratio uses the faster of the two medians (the stricter).
+
+Further parts run on the same table: add one to ``PARTS`` (a function taking the arguments, the
+cluster, the table's facts and a work folder, returning its JSON) — e.g. the online snapshot of
+the table under a concurrent write load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import _common as common
+import psutil
+import psycopg
+
+from cdc_assets.config import Config, load_config
+from cdc_assets.setup import setup
+from cdc_assets.source.connection import one_row
+from cdc_sandbox.pgcluster import ThrowawayCluster
+
+TABLE = "public.snap"
+PUBLICATION = "bench_pub"
+CREATE = """
+CREATE TABLE snap (
+    id bigint PRIMARY KEY,
+    k integer NOT NULL,
+    label text NOT NULL,
+    created timestamptz NOT NULL,
+    amount numeric(12, 2),
+    ok boolean,
+    score double precision,
+    note text
+)"""
+FILL = """
+INSERT INTO snap
+SELECT g, g % 1000, md5(g::text), timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second',
+       (g % 100000) / 100.0, g % 3 = 0, g / 7.0, CASE WHEN g % 5 = 0 THEN NULL ELSE 'note ' || (g % 977) END
+FROM generate_series({first}::int8, {last}::int8) AS g"""
+FILL_STEP = 2_000_000
+
+_T = TypeVar("_T")
+
+
+@dataclass(slots=True)
+class TableFacts:
+    rows: int
+    heap_bytes: int
+
+
+class CpuMeter:
+    """CPU seconds of this process (all threads) and of the cluster's server processes (live
+    ones, plus what the postmaster has reaped from exited backends) between two readings."""
+
+    def __init__(self, cluster: ThrowawayCluster) -> None:
+        pid = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
+        self.postmaster = psutil.Process(pid)
+
+    def reading(self) -> tuple[float, float]:
+        me = os.times()
+        times = self.postmaster.cpu_times()
+        server = times.user + times.system + times.children_user + times.children_system
+        for child in self.postmaster.children():
+            try:
+                child_times = child.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            server += child_times.user + child_times.system
+        return me.user + me.system, server
+
+    def measure(self, work: Callable[[], _T]) -> tuple[dict[str, float], _T]:
+        client0, server0 = self.reading()
+        started = time.perf_counter()
+        result = work()
+        wall = time.perf_counter() - started
+        client1, server1 = self.reading()
+        return {"seconds": wall, "client_cpu_s": client1 - client0, "server_cpu_s": server1 - server0}, result
+
+
+def create_table(cluster: ThrowawayCluster, rows: int) -> TableFacts:
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        conn.execute(CREATE)
+        for first in range(1, rows + 1, FILL_STEP):
+            conn.execute(FILL.format(first=first, last=min(first + FILL_STEP - 1, rows)))
+            print(f"[table] {min(first + FILL_STEP - 1, rows):,} of {rows:,} rows", flush=True)
+        conn.execute("VACUUM ANALYZE snap")
+        conn.execute("CHECKPOINT")
+        (heap,) = one_row(conn.execute("SELECT pg_relation_size('snap')"))
+        conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE snap")
+    return TableFacts(rows, heap)
+
+
+def binary_copy(cluster: ThrowawayCluster) -> int:
+    """One connection, ``COPY … (FORMAT binary)``, every byte received and nothing parsed."""
+    received = 0
+    with (
+        psycopg.connect(cluster.dsn()) as conn,
+        conn.cursor().copy("COPY (SELECT * FROM ONLY snap) TO STDOUT (FORMAT binary)") as copy,
+    ):
+        for data in copy:
+            received += len(data)
+    return received
+
+
+def write_config(folder: Path, dsn: str, slot: str, workers: int) -> Config:
+    folder.mkdir(parents=True, exist_ok=True)
+    document = {
+        "source": {"dsn": dsn, "publication": PUBLICATION, "slot": slot, "snapshot_workers": workers},
+        "changelog": {"path": str(folder / "changelog")},
+        "warehouse": {"path": str(folder / "warehouse")},
+        "tables": {TABLE: {}},
+    }
+    path = folder / "cdc.yaml"
+    path.write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
+    return load_config(path)
+
+
+def baseline(cluster: ThrowawayCluster, meter: CpuMeter, table: TableFacts, repeat: int) -> dict[str, Any]:
+    runs = []
+    for _ in range(repeat):
+        measured, received = meter.measure(lambda: binary_copy(cluster))
+        runs.append({**measured, "bytes": received})
+    median = statistics.median(r["seconds"] for r in runs)
+    seconds = ", ".join(f"{r['seconds']:.2f}" for r in runs)
+    print(
+        f"[setup] baseline COPY (FORMAT binary): {seconds} s"
+        f" ({table.rows / median:,.0f} rows/s, {table.heap_bytes / common.MiB / median:,.0f} MiB/s of heap)",
+        flush=True,
+    )
+    return {"runs": runs, "median_s": median}
+
+
+def part_setup(args: argparse.Namespace, cluster: ThrowawayCluster, table: TableFacts, work: Path) -> dict[str, Any]:
+    meter = CpuMeter(cluster)
+    before = baseline(cluster, meter, table, args.baseline_repeat)
+    runs = []
+    for workers in args.workers:
+        config = write_config(work / f"w{workers}", cluster.dsn(), f"bench_snap_{workers}", workers)
+        measured, result = meter.measure(partial(setup, config))
+        copied = result.rows[TABLE]
+        if copied != table.rows:
+            print(f"WARNING: setup copied {copied:,} rows, the table holds {table.rows:,}", flush=True)
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (config.source.slot,))
+        log_bytes = sum(f.stat().st_size for f in Path(config.changelog_path).rglob("*") if f.is_file())
+        shutil.rmtree(work / f"w{workers}")
+        runs.append({"workers": workers, **measured, "changelog_bytes": log_bytes, "load": os.getloadavg()})
+        print(
+            f"[setup] {workers} worker(s): {measured['seconds']:.2f} s ({table.rows / measured['seconds']:,.0f} rows/s,"
+            f" {table.heap_bytes / common.MiB / measured['seconds']:,.0f} MiB/s of heap); CPU s: this process"
+            f" {measured['client_cpu_s']:.1f}, server {measured['server_cpu_s']:.1f}",
+            flush=True,
+        )
+    after = baseline(cluster, meter, table, args.baseline_repeat)
+    base_s = min(before["median_s"], after["median_s"])
+    for run in runs:
+        run["rows_per_s"] = table.rows / run["seconds"]
+        run["mib_per_s"] = table.heap_bytes / common.MiB / run["seconds"]
+        run["ratio"] = base_s / run["seconds"]
+    rows = [
+        (
+            "COPY (FORMAT binary), 1 connection",
+            f"{base_s:.2f}",
+            f"{table.rows / base_s:,.0f}",
+            f"{table.heap_bytes / common.MiB / base_s:,.0f}",
+            "1.00",
+            f"{statistics.median(r['client_cpu_s'] for r in before['runs'] + after['runs']):.1f}",
+            f"{statistics.median(r['server_cpu_s'] for r in before['runs'] + after['runs']):.1f}",
+        ),
+        *(
+            (
+                f"setup, snapshot_workers {r['workers']}",
+                f"{r['seconds']:.2f}",
+                f"{r['rows_per_s']:,.0f}",
+                f"{r['mib_per_s']:,.0f}",
+                f"{r['ratio']:.2f}",
+                f"{r['client_cpu_s']:.1f}",
+                f"{r['server_cpu_s']:.1f}",
+            )
+            for r in runs
+        ),
+    ]
+    print()
+    print(common.table(["read", "s", "rows/s", "MiB/s", "÷ baseline", "client CPU s", "server CPU s"], rows))
+    print(f"\ntarget: setup >= 0.7 x the baseline; best {max(r['ratio'] for r in runs):.2f}", flush=True)
+    return {"baseline_before": before, "baseline_after": after, "baseline_s": base_s, "setups": runs}
+
+
+PARTS: dict[str, Callable[[argparse.Namespace, ThrowawayCluster, TableFacts, Path], dict[str, Any]]] = {
+    "setup": part_setup,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pg", type=int, default=16, help="PostgreSQL major version")
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2, 4])
+    parser.add_argument("--baseline-repeat", type=int, default=3)
+    parser.add_argument("--part", choices=[*PARTS, "all"], default="all")
+    parser.add_argument("--json", help="write every figure to this file")
+    args = parser.parse_args()
+    code = common.code_version()
+    load = common.load_snapshot()
+    print(common.describe_code(code), flush=True)
+    print(common.describe_load(load), flush=True)
+    cluster = common.start_cluster(args.pg)
+    work = Path(tempfile.mkdtemp(prefix="cdc-bench-snapshot-"))
+    report: dict[str, Any] = {"machine": common.machine(), "command": sys.argv, "load_before": load}
+    try:
+        with psycopg.connect(cluster.dsn()) as conn:
+            report["server_version"] = one_row(conn.execute("SHOW server_version"))[0]
+        table = create_table(cluster, args.rows)
+        report["table"] = {"rows": table.rows, "heap_bytes": table.heap_bytes}
+        print(f"[table] {table.rows:,} rows, {table.heap_bytes / common.MiB:,.0f} MiB of heap", flush=True)
+        binary_copy(cluster)  # into the page cache
+        for name, part in PARTS.items():
+            if args.part in (name, "all"):
+                report[name] = part(args, cluster, table, work)
+    finally:
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    report["load_after"] = common.load_snapshot()
+    report["code_end"] = common.code_version()
+    print(common.describe_code(code, report["code_end"]))
+    print(common.describe_load(report["load_after"]))
+    common.write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

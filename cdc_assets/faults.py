@@ -1,7 +1,9 @@
 """Fault injection for crash tests: ``CDC_ASSETS_FAULT=<point>[:<n>]`` SIGKILLs the process the
 n-th time (default the first) it passes ``<point>``. Points: ``after-segments`` (batch files
 durable, checkpoint not written), ``after-checkpoint`` (checkpoint written, slot not advanced),
-``after-advance`` (slot advanced), ``mid-batch`` (while rows of a peek are being consumed).
+``after-advance`` (slot advanced), ``mid-batch`` (while rows of a peek are being consumed);
+for ``cdc-assets snapshot``: ``copy-chunk`` (a chunk of the run written), ``copy-complete`` (the
+run's checkpoint written, not announced), ``copy-announced`` (the announcement committed).
 """
 
 from __future__ import annotations

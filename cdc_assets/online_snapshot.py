@@ -37,8 +37,9 @@ from cdc_assets.changelog.snapshot_runs import (
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, TableConfig, TableName
 from cdc_assets.errors import CdcError
+from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn, parse_lsn
-from cdc_assets.setup import SetupResult, _copy_snapshot
+from cdc_assets.snapshot_copy import copy_snapshot
 from cdc_assets.source import TableCopyLock, connect, create_slot_with_snapshot, published_tables
 from cdc_assets.source.connection import one_row
 
@@ -47,13 +48,15 @@ MAX_SLOT_NAME = 63
 
 @dataclass(slots=True)
 class CopyProgress:
-    """Where one table's copy is: rows and chunks so far, against the planner's estimate."""
+    """Where one table's copy is: rows and chunks so far, against the planner's estimate;
+    ``read`` once the table is read (its snapshot closed), before the run is announced."""
 
     table: str
     rows: int
     chunks: int
     estimated_rows: int
     elapsed_s: float
+    read: bool = False
 
     @property
     def rows_per_s(self) -> float:
@@ -66,6 +69,8 @@ class CopyProgress:
         return left / self.rows_per_s if self.rows_per_s > 0 and left > 0 else None
 
     def line(self) -> str:
+        if self.read:
+            return f"snapshot {self.table}: {self.rows:,} rows read in {self.chunks} chunks; announcing the run"
         eta = "" if self.eta_s is None else f", ~{self.eta_s:,.0f} s left"
         estimate = f" of ~{self.estimated_rows:,}" if self.estimated_rows else ""
         return (
@@ -127,6 +132,7 @@ def copy_table(
         def counted(_: str, rows: int) -> None:
             nonlocal chunks
             chunks += 1
+            fault_point("copy-chunk")
             if progress is not None:
                 progress(CopyProgress(name, rows, chunks, estimated, time.monotonic() - started))
 
@@ -134,17 +140,12 @@ def copy_table(
         with create_slot_with_snapshot(temporary, temporary=True) as exported:
             run = new_run_id(exported.consistent_point)
             copy = run_store(store, name, run)
-            result = SetupResult()
-            checkpoint = _copy_snapshot(
-                replace(config, tables=(table,)),
-                copy,
-                exported.snapshot_name,
-                exported.consistent_point,
-                result,
-                counted,
-            )
-        write_checkpoint(copy, checkpoint)  # the run is complete
-        relation = checkpoint.tables[name].relation
+            copied = copy_snapshot(config, copy, exported.snapshot_name, exported.consistent_point, [table], counted)
+        write_checkpoint(copy, copied.checkpoint)  # the run is complete
+        fault_point("copy-complete")
+        if progress is not None:
+            progress(CopyProgress(name, copied.rows[name], chunks, estimated, time.monotonic() - started, read=True))
+        relation = copied.checkpoint.tables[name].relation
         announcement = SnapshotRunAnnouncement(name, run, exported.consistent_point, relation)
         with connect(config.source, purpose="snapshot") as conn:
             (lsn,) = one_row(
@@ -153,12 +154,13 @@ def copy_table(
                     (SNAPSHOT_RUN_PREFIX, announcement.encode()),
                 )
             )
+    fault_point("copy-announced")
     return TableCopied(
         name,
         run,
         exported.consistent_point,
         parse_lsn(lsn),
-        result.rows.get(name, 0),
+        copied.rows[name],
         chunks,
         time.monotonic() - started,
     )

@@ -22,21 +22,18 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import psycopg
-import pyarrow as pa
 
-from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from cdc_assets.changelog.checkpoint import read_checkpoint, write_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
-from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotMissingError
 from cdc_assets.lsn import format_lsn
-from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
-from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.online_snapshot import CopyProgress, TableCopied, copy_table, tables_without_copy
+from cdc_assets.snapshot_copy import copy_snapshot
 from cdc_assets.source import (
     DrainLock,
     check_source,
@@ -44,17 +41,11 @@ from cdc_assets.source import (
     create_slot_with_snapshot,
     drop_slot,
     ensure_publication,
-    load_type_catalog,
     prune_publication,
     read_slot,
     require_replication_role,
     require_usable_slot,
 )
-from cdc_assets.source.parallel_copy import ParallelCopy
-from cdc_assets.transactions import CommitInfo, with_commit_columns
-
-if TYPE_CHECKING:
-    from cdc_assets.online_snapshot import CopyProgress, TableCopied
 
 SETUP_MARKER = "_setup.json"
 
@@ -112,8 +103,6 @@ def setup(
         if checkpoint is None:
             _create_slot_and_copy(config, conn, store, slot is not None, result, progress)
     if checkpoint is not None:  # the drain goes on while the tables the log has no copy of are copied
-        from cdc_assets.online_snapshot import copy_table, tables_without_copy  # it builds on this module
-
         result.copied = [copy_table(config, store, t, copy_progress) for t in tables_without_copy(config, store)]
     result.elapsed_s = time.monotonic() - started
     return result
@@ -142,46 +131,10 @@ def _create_slot_and_copy(
     with create_slot_with_snapshot(source) as exported:
         result.created_slot = True
         result.snapshot_lsn = exported.consistent_point
-        checkpoint = _copy_snapshot(config, store, exported.snapshot_name, exported.consistent_point, result, progress)
+        copied = copy_snapshot(
+            config, store, exported.snapshot_name, exported.consistent_point, config.tables, progress
+        )
+        result.rows.update(copied.rows)
+        checkpoint = copied.checkpoint
     write_checkpoint(store, checkpoint)
     store.delete(SETUP_MARKER)
-
-
-def _copy_snapshot(
-    config: Config,
-    store: LogStore,
-    snapshot_name: str,
-    lsn: int,
-    result: SetupResult,
-    progress: Callable[[str, int], None] | None,
-) -> Checkpoint:
-    """Copy every configured table as of the snapshot into the log's first batch, with
-    ``source.snapshot_workers`` connections (:mod:`cdc_assets.source.parallel_copy`)."""
-    writer = BatchWriter(store, Checkpoint(config.source.slot, 0))
-    info = CommitInfo(xid=0, commit_lsn=lsn, end_lsn=lsn, commit_time_us=time.time_ns() // 1000)
-    try:
-        with ParallelCopy(config.source, snapshot_name, config.source.snapshot_workers) as copy:
-            plans = [copy.plan(table.name) for table in config.tables]
-            oids = [c.type_oid for plan in plans for c in plan.relation.columns]
-            catalog = TypeCatalog.of(load_type_catalog(copy.reader.connection, oids))
-            builders = {plan.relation.qualified_name: ChangeRecordBuilder(plan.relation, catalog) for plan in plans}
-            copied = dict.fromkeys(builders, 0)
-            for plan in plans:  # each table's schema first: an empty table has nothing else
-                empty = [pa.array([], pa.binary()) for _ in plan.relation.columns]
-                builder = builders[plan.relation.qualified_name]
-                writer.records(plan.relation, with_commit_columns(builder.snapshot(empty, np.arange(0)), info))
-            for relation, columns in copy.run(plans):
-                name = relation.qualified_name
-                count = len(columns[0]) if columns else 0
-                records = builders[name].snapshot(
-                    columns, np.arange(copied[name], copied[name] + count, dtype=np.int64)
-                )
-                writer.records(relation, with_commit_columns(records, info))
-                copied[name] += count
-                if progress is not None:
-                    progress(name, copied[name])
-        result.rows.update(copied)
-    except BaseException:
-        writer.abandon()
-        raise
-    return writer.close(lsn).advanced(lsn, snapshot_lsn=lsn, snapshot_time_us=info.commit_time_us)

@@ -103,22 +103,22 @@ def test_copied_text_is_what_pgoutput_sends(pg: Database) -> None:
 
 
 WORKLOAD = (
-    # ~1,500 blocks: split into several ranges; deleted and updated rows leave holes and move rows
+    # ~1,100 blocks: split into several ranges; deleted and updated rows leave holes and move rows
     "CREATE TABLE big (id int PRIMARY KEY, pad text, n numeric, at timestamptz)",
-    "INSERT INTO big SELECT g, repeat(md5(g::text), 2), g / 7.0, timestamptz '2024-01-01' + g * interval '1 min'"
-    " FROM generate_series(1, 100000) g",
+    "INSERT INTO big SELECT g, repeat(md5(g::text), 8), g / 7.0, timestamptz '2024-01-01' + g * interval '1 min'"
+    " FROM generate_series(1, 30000) g",
     "DELETE FROM big WHERE id % 97 = 0",
     "UPDATE big SET pad = 'moved' WHERE id % 101 = 0",
     "CREATE TABLE parent (id int PRIMARY KEY, pad text)",
     "CREATE TABLE child (extra int) INHERITS (parent)",
     "ALTER TABLE child ADD PRIMARY KEY (id)",
-    "INSERT INTO parent SELECT g, repeat('p', 200) FROM generate_series(1, 40000) g",
-    "INSERT INTO child SELECT g, repeat('c', 60), g FROM generate_series(100001, 140000) g",
+    "INSERT INTO parent SELECT g, repeat('p', 300) FROM generate_series(1, 20000) g",
+    "INSERT INTO child SELECT g, repeat('c', 60), g FROM generate_series(100001, 105000) g",
     "CREATE TABLE m (id int, region text, v text, PRIMARY KEY (id, region)) PARTITION BY LIST (region)",
     "CREATE TABLE m_eu PARTITION OF m FOR VALUES IN ('eu')",
     "CREATE TABLE m_us PARTITION OF m FOR VALUES IN ('us')",
-    "INSERT INTO m SELECT g, CASE WHEN g % 3 = 0 THEN 'us' ELSE 'eu' END, repeat('m', 200)"
-    " FROM generate_series(1, 60000) g",
+    "INSERT INTO m SELECT g, CASE WHEN g % 3 = 0 THEN 'us' ELSE 'eu' END, repeat('m', 300)"
+    " FROM generate_series(1, 30000) g",
     "CREATE TABLE empty (id int PRIMARY KEY)",
 )
 TABLES = ["public.big", "public.parent", "public.child", "public.m", "public.empty"]
@@ -145,16 +145,16 @@ def test_parallel_setup_equals_the_source(pg: Database, tmp_path: Path) -> None:
     progress: dict[str, list[int]] = {}
     result = pipe.setup(progress=lambda table, rows: progress.setdefault(table, []).append(rows))
     assert result.rows == {
-        "public.big": 100000 - 1030,
-        "public.parent": 40000,
-        "public.child": 40000,
-        "public.m": 60000,
+        "public.big": 30000 - 309,
+        "public.parent": 20000,
+        "public.child": 5000,
+        "public.m": 30000,
         "public.empty": 0,
     }
     for table, counts in progress.items():
         assert counts == sorted(counts) and counts[-1] == result.rows[table], table
     replica = pipe.assert_mirrors()
-    assert len(replica["public.big"]) == 100000 - 1030
+    assert len(replica["public.big"]) == 30000 - 309
     positions = [
         p for chunk in pipe.reader.read_changes("public.big") for p in chunk.records.column("_cdc_position").to_pylist()
     ]
@@ -187,7 +187,7 @@ def test_a_worker_error_fails_setup_cleanly(pg: Database, tmp_path: Path, copier
         conn.execute(";".join(WORKLOAD[:3]))
         conn.execute(
             "CREATE FUNCTION readable(id int) RETURNS bool LANGUAGE plpgsql STABLE AS $$ BEGIN"
-            " IF id = 60000 THEN RAISE EXCEPTION 'row % of big is confidential', id"
+            " IF id = 15000 THEN RAISE EXCEPTION 'row % of big is confidential', id"
             " USING ERRCODE = 'insufficient_privilege'; END IF; RETURN true; END $$;"
             " CREATE POLICY guard ON big USING (readable(id));"
             " ALTER TABLE big ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;"
@@ -202,7 +202,7 @@ def test_a_worker_error_fails_setup_cleanly(pg: Database, tmp_path: Path, copier
     )
     with pytest.raises(SourcePermissionError) as failed:
         pipe.setup()
-    assert str(failed.value) == "cannot copy table public.big: row 60000 of big is confidential"
+    assert str(failed.value) == "cannot copy table public.big: row 15000 of big is confidential"
     assert pipe.checkpoint() is None and Path(pipe.changelog, "_setup.json").exists()
     wait_until(  # a closed connection's server process ends a moment later
         lambda: (
@@ -212,12 +212,12 @@ def test_a_worker_error_fails_setup_cleanly(pg: Database, tmp_path: Path, copier
     )
     cli = pipe.cli("setup")
     assert cli.returncode == 1
-    assert cli.stderr.splitlines()[-1] == "cdc-assets: cannot copy table public.big: row 60000 of big is confidential"
+    assert cli.stderr.splitlines()[-1] == "cdc-assets: cannot copy table public.big: row 15000 of big is confidential"
     assert "Traceback" not in cli.stderr
 
     pg.execute("ALTER TABLE big NO FORCE ROW LEVEL SECURITY")
     result = pipe.setup()
-    assert result.created_slot and result.rows == {"public.big": 100000 - 1030, "public.small": 2}
+    assert result.created_slot and result.rows == {"public.big": 30000 - 309, "public.small": 2}
     assert not Path(pipe.changelog, "_setup.json").exists()
     pipe.assert_mirrors()
 

@@ -16,12 +16,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from cdc_assets.config import Config, load_config
 from cdc_assets.errors import CdcError, ConfigError
 from cdc_assets.interrupts import stop_on_sigterm
 from cdc_assets.lsn import format_lsn
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 COMMANDS_ENTRY_POINT = "cdc_assets.commands"
 """Entry-point group of commands other packages add: each is ``add(subparsers) -> None``."""
@@ -112,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
     drain.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     apply = command("apply", "merge the change log into the Delta tables", _apply)
     apply.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
+    maintain = command("maintain", "compact, purge deletion vectors and vacuum the Delta tables when due", _maintain)
+    maintain.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
     sync = command("sync", "drain, then apply", _sync)
     sync.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     status = command("status", "slot position and lag, checkpoint, applied LSN per table", _status)
@@ -195,18 +200,36 @@ def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
 
 def _apply(args: argparse.Namespace, config: Config | None = None) -> int:
     from cdc_assets.apply.runner import TableApplied, apply_tables
-    from cdc_assets.apply.session import quiet_start, spark_session
 
     config = config or _config(args)
-    print(f"starting Spark ({config.spark.remote or config.spark.master})", file=sys.stderr)
-    with quiet_start():
-        spark = spark_session(config.spark)
-    spark.sparkContext.setLogLevel("ERROR")
 
     def show(result: TableApplied) -> None:
         print(result.summary())
 
-    apply_tables(config, spark, getattr(args, "table", None), progress=show)
+    apply_tables(config, _spark(config), getattr(args, "table", None), progress=show)
+    return 0
+
+
+def _spark(config: Config) -> SparkSession:
+    """The configured Spark session, started quietly."""
+    from cdc_assets.apply.session import quiet_start, spark_session
+
+    print(f"starting Spark ({config.spark.remote or config.spark.master})", file=sys.stderr)
+    with quiet_start():
+        spark = spark_session(config.spark)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    from cdc_assets.apply.maintenance import Maintained, maintain_tables
+
+    config = _config(args)
+
+    def show(result: Maintained) -> None:
+        print(result.summary())
+
+    maintain_tables(config, _spark(config), args.table, progress=show)
     return 0
 
 

@@ -24,10 +24,9 @@ import pytest
 from pyspark.sql import functions as F
 
 from cdc_assets.apply.merge import _key_bounds, write_plan
-from cdc_assets.apply.planner import RecordChunk, plan_changes
+from cdc_assets.apply.planner import plan_changes
 from cdc_assets.apply.runner import delta_target
 from cdc_assets.apply.session import session_settings
-from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
@@ -287,24 +286,6 @@ def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-d
 # -- exactly once ------------------------------------------------------------------------------------
 
 
-def plan_pending(mirror: Mirror, table: str) -> tuple[Any, Any, int]:
-    """(target, plan, checkpoint LSN) of the records of ``table`` the Delta table does not hold,
-    planned the way ``apply_table`` does."""
-    config = mirror.config()
-    settings = config.table(table)
-    reader = ChangeLogReader(config.changelog_path)
-    checkpoint = reader.checkpoint()
-    assert checkpoint is not None
-    target = delta_target(config, settings, mirror.spark)
-    applied = target.applied_lsn()
-    assert applied is not None and applied < checkpoint.lsn
-    chunks = [
-        RecordChunk(c.relation, c.records) for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)
-    ]
-    plan = plan_changes(chunks, checkpoint.tables[table].relation, truncate=settings.truncate)
-    return target, plan, checkpoint.lsn
-
-
 @pytest.mark.slow
 def test_exactly_once(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """A second apply on the same checkpoint is skipped and writes no Delta version; a plan
@@ -344,7 +325,7 @@ def test_exactly_once(mirror_of) -> None:  # type: ignore[no-untyped-def]
     mirror.sql("INSERT INTO a VALUES (3, 'c')")
     mirror.drain()
     for table in tables:
-        target, plan, lsn = plan_pending(mirror, table)
+        target, plan, lsn = mirror.pending_plan(table)
         assert plan.mode == {"public.k": "keyed", "public.f": "multiset", "public.a": "append"}[table]
         assert plan.truncate is (table == "public.k")
         counts = write_plan(target, plan, lsn)

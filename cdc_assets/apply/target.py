@@ -85,7 +85,7 @@ class DeltaTarget:
 
     @property
     def sql_name(self) -> str:
-        return f"delta.{_column(self.path)}"
+        return f"delta.{backquote(self.path)}"
 
     def applied_lsn(self) -> int | None:
         return applied_lsn(self.path, self.app, self.storage_options)
@@ -124,12 +124,12 @@ class DeltaTarget:
                 position = ""  # at the end
             else:
                 previous = change.after[name]
-                position = " FIRST" if previous is None else f" AFTER {_column(previous)}"
+                position = " FIRST" if previous is None else f" AFTER {backquote(previous)}"
             self.spark.sql(
-                f"ALTER TABLE {self.sql_name} ADD COLUMNS ({_column(name)} {spark_type(kind).simpleString()}{position})"
+                f"ALTER TABLE {self.sql_name} ADD COLUMNS ({backquote(name)} {spark_type(kind).simpleString()}{position})"
             )
         for name in change.drop:
-            self.spark.sql(f"ALTER TABLE {self.sql_name} DROP COLUMN {_column(name)}")
+            self.spark.sql(f"ALTER TABLE {self.sql_name} DROP COLUMN {backquote(name)}")
         if change.retype:
             frame = self.read()
             for name, kind in change.retype:
@@ -168,5 +168,6 @@ def delta_schema(columns: pa.Schema) -> T.StructType:
     return T.StructType(fields)
 
 
-def _column(name: str) -> str:
+def backquote(name: str) -> str:
+    """A name (column, path) quoted for Spark SQL."""
     return "`" + name.replace("`", "``") + "`"

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from cdc_assets.apply.planner import COMMIT_TIME, LSN
-from cdc_assets.apply.runner import TableApplied, apply_tables
-from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.apply.planner import COMMIT_TIME, LSN, ChangePlan, RecordChunk, plan_changes
+from cdc_assets.apply.runner import TableApplied, apply_tables, delta_target
+from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, TableName, load_config
 from cdc_assets.drain import DrainResult, drain
@@ -55,13 +55,14 @@ class Mirror:
     spark: Any
     results: list[TableApplied] = field(default_factory=list)
     source: dict[str, Any] = field(default_factory=dict)  # ``source:`` settings beside the defaults
+    warehouse: dict[str, Any] = field(default_factory=dict)  # ``warehouse:`` settings beside the path
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         document = {
             "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub", **self.source},
             "changelog": {"path": "./changelog"},
-            "warehouse": {"path": "./warehouse"},
+            "warehouse": {"path": "./warehouse", **self.warehouse},
             "spark": CLI_SPARK,
             "tables": self.tables,
         }
@@ -100,6 +101,23 @@ class Mirror:
     def sync(self) -> dict[str, TableApplied]:
         self.drain()
         return self.apply()
+
+    def pending_plan(self, table: str) -> tuple[DeltaTarget, ChangePlan, int]:
+        """(target, plan, checkpoint LSN) of the records of ``table`` the Delta table does not hold,
+        planned the way ``apply_table`` does."""
+        config = self.config()
+        settings = config.table(table)
+        reader = ChangeLogReader(config.changelog_path)
+        checkpoint = reader.checkpoint()
+        assert checkpoint is not None
+        target = delta_target(config, settings, self.spark)
+        applied = target.applied_lsn()
+        assert applied is not None and applied < checkpoint.lsn
+        chunks = [
+            RecordChunk(c.relation, c.records) for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)
+        ]
+        plan = plan_changes(chunks, checkpoint.tables[table].relation, truncate=settings.truncate)
+        return target, plan, checkpoint.lsn
 
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

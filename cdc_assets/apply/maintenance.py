@@ -1,0 +1,129 @@
+"""``cdc-assets maintain``: keep each mirrored Delta table small in files, free of piled-up
+deletion vectors, and free of files no version within the retention needs.
+
+Per table, in Delta SQL (which also works over Spark Connect), each step only when due:
+
+1. ``OPTIMIZE`` (``ZORDER BY`` the first key column with ``zorder``) once the table has
+   ``compact_min_files`` data files: small files from merges become few large ones; the deletion
+   vectors of the files it rewrites go with them;
+2. ``REORG TABLE … APPLY (PURGE)`` once ``purge_min_deletion_vectors`` files still carry one;
+3. ``VACUUM … RETAIN <hours> HOURS``: deletes files that left the table more than the retention
+   ago (the configuration refuses a retention below Delta's safety check).
+
+None of these commits carries the idempotent-write marker, and none removes one: Delta keeps the
+latest ``SetTransaction`` of each application id through every later commit and checkpoint, so a
+table's applied LSN is the same after maintenance and a replayed merge is still skipped. The
+merge and the maintenance of one table must not run at once (Dagster: the table's pool); Delta's
+optimistic concurrency makes whichever commits second fail without effect if they do.
+Checkpoints of the Delta log are Delta's own: one every ``delta.checkpointInterval`` commits
+(default 10, maintenance commits included), and log files past ``delta.logRetentionDuration``
+are removed when a checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from cdc_assets.apply.runner import delta_target
+from cdc_assets.apply.table_files import TableFiles, table_files
+from cdc_assets.apply.target import DeltaTarget, backquote
+from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.config import Config, MaintenanceConfig, TableName
+from cdc_assets.lsn import format_lsn
+
+
+@dataclass(slots=True)
+class Maintained:
+    """What one table's maintenance did."""
+
+    table: str
+    path: str
+    before: TableFiles | None = None
+    after: TableFiles | None = None
+    applied_lsn: int | None = None
+    steps: tuple[str, ...] = ()  # the statements run, e.g. ("OPTIMIZE", "VACUUM")
+    vacuumed_files: int | None = None  # files VACUUM deleted (None: not run, or not reported)
+    elapsed_s: float = 0.0
+    skipped: str | None = None
+
+    def summary(self) -> str:
+        if self.skipped or self.before is None or self.after is None:
+            return f"{self.table}: {self.skipped}"
+        done = ", ".join(self.steps) or "nothing due"
+        if self.vacuumed_files is not None:
+            done += f" ({self.vacuumed_files:,} files deleted)"
+        before, after = self.before, self.after
+        lsn = "none" if self.applied_lsn is None else format_lsn(self.applied_lsn)
+        return (
+            f"{self.table}: {done}; files {before.files:,} → {after.files:,}, deletion vectors"
+            f" {before.deletion_vectors:,} → {after.deletion_vectors:,}, {before.bytes / 1e6:,.1f} →"
+            f" {after.bytes / 1e6:,.1f} MB, Delta version {before.version} → {after.version};"
+            f" applied LSN {lsn} ({self.elapsed_s:.1f} s)"
+        )
+
+
+def maintain_table(target: DeltaTarget, settings: MaintenanceConfig, name: str, key: str | None = None) -> Maintained:
+    """Run the maintenance steps due on ``target``; ``key`` is the column ``zorder`` orders by."""
+    started = time.monotonic()
+    result = Maintained(name, target.path)
+    if not target.exists():
+        result.skipped = "no Delta table yet (nothing applied)"
+        return result
+    files = result.before = table_files(target.path, target.storage_options)
+    steps = []
+    if settings.compact_min_files and files.files >= settings.compact_min_files:
+        order = f" ZORDER BY ({backquote(key)})" if settings.zorder and key else ""
+        target.spark.sql(f"OPTIMIZE {target.sql_name}{order}").collect()
+        steps.append("OPTIMIZE" + (" ZORDER" if order else ""))
+        files = table_files(target.path, target.storage_options)
+    if settings.purge_min_deletion_vectors and files.deletion_vectors >= settings.purge_min_deletion_vectors:
+        target.spark.sql(f"REORG TABLE {target.sql_name} APPLY (PURGE)").collect()
+        steps.append("REORG PURGE")
+    if settings.vacuum_retention_hours:
+        target.spark.sql(f"VACUUM {target.sql_name} RETAIN {settings.vacuum_retention_hours} HOURS").collect()
+        steps.append("VACUUM")
+        result.vacuumed_files = _vacuumed_files(target)
+    result.steps = tuple(steps)
+    result.after = table_files(target.path, target.storage_options)
+    result.applied_lsn = target.applied_lsn()
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def maintain_tables(
+    config: Config,
+    spark: SparkSession,
+    tables: Sequence[str | TableName] | None = None,
+    *,
+    progress: Callable[[Maintained], None] | None = None,
+) -> list[Maintained]:
+    """Maintain the Delta tables of ``tables`` (default: every configured table)."""
+    selected = [config.table(t) for t in tables] if tables else list(config.tables)
+    results = []
+    for table in selected:
+        target = delta_target(config, table, spark)
+        result = maintain_table(target, config.maintenance, str(table.name), first_key_column(config, str(table.name)))
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results
+
+
+def first_key_column(config: Config, table: str) -> str | None:
+    """The first replica-identity key column of ``table`` as the change log last saw it."""
+    checkpoint = read_checkpoint(LogStore(config.changelog_path))
+    state = checkpoint.tables.get(table) if checkpoint else None
+    keys = state.relation.key_columns if state else ()
+    return keys[0] if keys else None
+
+
+def _vacuumed_files(target: DeltaTarget) -> int | None:
+    """Files the VACUUM just run deleted, from its ``VACUUM END`` commit."""
+    last = target.spark.sql(f"DESCRIBE HISTORY {target.sql_name} LIMIT 1").collect()[0]
+    metrics = last["operationMetrics"] or {}
+    return int(metrics["numDeletedFiles"]) if last["operation"] == "VACUUM END" and metrics else None

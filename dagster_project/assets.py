@@ -1,7 +1,9 @@
 """Assets: the change log (the drain), one mirror Delta table per source table, per-table change
-history partitioned by commit day, and a rebuild partitioned by table.
+history partitioned by commit day, and, partitioned by table, the online snapshot and the rebuild
+from the change log.
 
-Keys: ``cdc/changelog``; ``delta/<schema>/<table>``; ``history/<schema>/<table>``; ``cdc/rebuild``.
+Keys: ``cdc/changelog``; ``delta/<schema>/<table>``; ``history/<schema>/<table>``; ``cdc/snapshot``;
+``cdc/rebuild``.
 Pools keep one drain per slot and one writer per Delta table at a time (set the pools' limit to 1:
 ``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
 """
@@ -18,11 +20,14 @@ from cdc_assets.drain import DrainProgress, DrainResult, drain
 from cdc_assets.errors import CdcError
 from cdc_assets.history import history_rows, write_history
 from cdc_assets.lsn import format_lsn
+from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 
 CHANGELOG_KEY = dg.AssetKey(["cdc", "changelog"])
 REBUILD_KEY = dg.AssetKey(["cdc", "rebuild"])
+SNAPSHOT_KEY = dg.AssetKey(["cdc", "snapshot"])
+PROGRESS_INTERVAL_S = 10.0
 
 
 def table_slug(table: TableConfig) -> str:
@@ -140,18 +145,63 @@ def _row_count(session: object, config: Config, table: TableConfig) -> int | Non
     return target.read().count() if target.exists() else None
 
 
+def table_partitions(settings: Settings) -> dg.StaticPartitionsDefinition:
+    """One partition per configured table (a table added to the config appears on reload)."""
+    return dg.StaticPartitionsDefinition([str(t.name) for t in settings.config.tables])
+
+
+def build_snapshot_asset(settings: Settings) -> dg.AssetsDefinition:
+    @dg.asset(
+        key=SNAPSHOT_KEY,
+        deps=[CHANGELOG_KEY],
+        partitions_def=table_partitions(settings),
+        group_name="cdc",
+        kinds={"postgres", "parquet"},
+        description=(
+            "Copies tables again while the drain and the other tables' merges go on (an online snapshot; partition"
+            " = table). The table's next merge, once the drain has passed the copy, makes its Delta table equal to"
+            " the source: a repair. Launch a backfill over the tables to copy."
+        ),
+    )
+    def snapshot(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult[None]:
+        config = source.config()
+        last = 0.0
+
+        def show(progress: CopyProgress) -> None:
+            nonlocal last
+            if progress.elapsed_s - last >= PROGRESS_INTERVAL_S:
+                last = progress.elapsed_s
+                context.log.info(progress.line())
+
+        (copied,) = snapshot_tables(config, [context.partition_key], progress=show)
+        context.log.info(copied.summary())
+        return dg.MaterializeResult(
+            metadata={
+                "rows": copied.rows,
+                "chunks": copied.chunks,
+                "run": copied.run,
+                "consistent_point": format_lsn(copied.consistent_point),
+                "announced_lsn": format_lsn(copied.announced_lsn),
+                "rows_per_s": round(copied.rows / copied.elapsed_s) if copied.elapsed_s else copied.rows,
+                "elapsed_s": round(copied.elapsed_s, 2),
+            }
+        )
+
+    return snapshot
+
+
 def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
-    tables = dg.StaticPartitionsDefinition([str(t.name) for t in settings.config.tables])
 
     @dg.asset(
         key=REBUILD_KEY,
         deps=[CHANGELOG_KEY],
-        partitions_def=tables,
+        partitions_def=table_partitions(settings),
         group_name="cdc",
         kinds={"delta", "spark"},
         description=(
-            "Rebuilds mirror tables from the initial snapshot and the whole change log (partition = table)."
-            " Launch a backfill over the tables to rebuild."
+            "Rewrites mirror tables from the change log alone — the table's latest copy (initial snapshot or online"
+            " snapshot) and every change since — without reading the source (partition = table): for a Delta table"
+            " lost, moved or restored from elsewhere. To repair a table from the source, use cdc/snapshot."
         ),
     )
     def rebuild(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:

@@ -1,7 +1,7 @@
 """Initial-snapshot benchmark: setup's copy of one large table against the source's own read rate.
 
     python benchmarks/snapshot.py [--pg 16] [--rows 10000000] [--workers 1,2,4] [--baseline-repeat 3]
-                                  [--part setup] [--json out.json]
+                                  [--load-tps 500] [--part setup|online] [--json out.json]
 
 A throwaway cluster gets one table of ``--rows`` rows (8 columns: bigint key, int, text, timestamptz,
 numeric, boolean, double, a text that is NULL in every fifth row; 10,000,000 rows are ~1.1 GiB of
@@ -18,9 +18,15 @@ setup: the baseline is one ``COPY (SELECT * FROM ONLY t) TO STDOUT (FORMAT binar
        during each run, which show where the time goes. The baseline is measured again after the
        setups, and the ratio uses the faster of the two medians (the stricter).
 
+online: the same table set up once (not timed), then ``cdc_assets.online_snapshot.snapshot_tables``
+       — the table copied again while a write load runs on another connection: single-statement
+       autocommit transactions paced at ``--load-tps`` (80% updates of random keys, 10% inserts of
+       new keys, 10% deletes). Reported: the copy's seconds, rows/s and MiB/s, CPU seconds, the
+       write rate the load achieved during the copy, and the drain that follows (the load's changes
+       and the run's announcement).
+
 Further parts run on the same table: add one to ``PARTS`` (a function taking the arguments, the
-cluster, the table's facts and a work folder, returning its JSON) — e.g. the online snapshot of
-the table under a concurrent write load.
+cluster, the table's facts and a work folder, returning its JSON).
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +52,8 @@ import psutil
 import psycopg
 
 from cdc_assets.config import Config, load_config
+from cdc_assets.drain import drain
+from cdc_assets.online_snapshot import snapshot_tables
 from cdc_assets.setup import setup
 from cdc_assets.source.connection import one_row
 from cdc_sandbox.pgcluster import ThrowawayCluster
@@ -215,8 +225,85 @@ def part_setup(args: argparse.Namespace, cluster: ThrowawayCluster, table: Table
     return {"baseline_before": before, "baseline_after": after, "baseline_s": base_s, "setups": runs}
 
 
+class WriteLoad:
+    """Single-statement autocommit writes on their own connection, paced at ``tps``, in a thread."""
+
+    def __init__(self, dsn: str, rows: int, tps: int) -> None:
+        self.dsn, self.rows, self.tps = dsn, rows, tps
+        self.ops = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="write-load")
+
+    def __enter__(self) -> WriteLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        rng = random.Random(7)
+        new_id = self.rows + 1
+        started = time.perf_counter()
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                roll = rng.random()
+                if roll < 0.8:
+                    conn.execute("UPDATE snap SET amount = amount + 1 WHERE id = %s", (rng.randint(1, self.rows),))
+                elif roll < 0.9:
+                    conn.execute("INSERT INTO snap VALUES (%s, 1, 'new', now(), 1, true, 1, NULL)", (new_id,))
+                    new_id += 1
+                else:
+                    conn.execute("DELETE FROM snap WHERE id = %s", (rng.randint(1, self.rows),))
+                self.ops += 1
+                ahead = self.ops / self.tps - (time.perf_counter() - started)
+                if ahead > 0:
+                    self._stop.wait(ahead)  # pacing the load, not synchronising anything
+
+
+def part_online(args: argparse.Namespace, cluster: ThrowawayCluster, table: TableFacts, work: Path) -> dict[str, Any]:
+    meter = CpuMeter(cluster)
+    workers = max(args.workers)
+    config = write_config(work / "online", cluster.dsn(), "bench_online", workers)
+    setup(config)
+    with WriteLoad(cluster.dsn(), table.rows, args.load_tps) as load:
+        measured, (copied,) = meter.measure(partial(snapshot_tables, config, [TABLE]))
+        writes = load.ops
+    drained_s = time.perf_counter()
+    drained = drain(config)
+    drained_s = time.perf_counter() - drained_s
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_drop_replication_slot(%s)", (config.source.slot,))
+    shutil.rmtree(work / "online")
+    seconds = measured["seconds"]
+    result = {
+        "workers": workers,
+        **measured,
+        "rows": copied.rows,
+        "chunks": copied.chunks,
+        "rows_per_s": copied.rows / seconds,
+        "mib_per_s": table.heap_bytes / common.MiB / seconds,
+        "load_tps_target": args.load_tps,
+        "load_writes": writes,
+        "load_tps": writes / seconds,
+        "drain_changes": drained.total_changes,
+        "drain_s": drained_s,
+    }
+    print(
+        f"[online] snapshot of {copied.rows:,} rows in {copied.chunks} chunks with {workers} worker(s) under"
+        f" {writes / seconds:,.0f} writes/s (target {args.load_tps}): {seconds:.2f} s"
+        f" ({result['rows_per_s']:,.0f} rows/s, {result['mib_per_s']:,.0f} MiB/s of heap); CPU s: this process"
+        f" {measured['client_cpu_s']:.1f}, server {measured['server_cpu_s']:.1f}; then a drain of"
+        f" {drained.total_changes:,} changes in {drained_s:.1f} s",
+        flush=True,
+    )
+    return result
+
+
 PARTS: dict[str, Callable[[argparse.Namespace, ThrowawayCluster, TableFacts, Path], dict[str, Any]]] = {
     "setup": part_setup,
+    "online": part_online,
 }
 
 
@@ -226,6 +313,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2, 4])
     parser.add_argument("--baseline-repeat", type=int, default=3)
+    parser.add_argument("--load-tps", type=int, default=500, help="write rate during the online snapshot")
     parser.add_argument("--part", choices=[*PARTS, "all"], default="all")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()

@@ -7,6 +7,7 @@ from typing import Any
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config
 from cdc_assets.errors import SourceError
@@ -21,6 +22,7 @@ class TableStatus:
     schema_version: int | None
     applied_lsn: int | None = None
     delta_path: str | None = None
+    snapshot_run: SnapshotRunRef | None = None  # the latest online snapshot the log announced
 
     @property
     def behind(self) -> bool:
@@ -66,6 +68,15 @@ class Status:
                     "applied_lsn": _lsn(t.applied_lsn),
                     "behind": t.behind,
                     "delta_path": t.delta_path,
+                    "snapshot_run": (
+                        {
+                            "run": t.snapshot_run.run,
+                            "consistent_point": _lsn(t.snapshot_run.consistent_point),
+                            "announced_lsn": _lsn(t.snapshot_run.position),
+                        }
+                        if t.snapshot_run
+                        else None
+                    ),
                 }
                 for t in self.tables
             },
@@ -93,6 +104,11 @@ class Status:
                 f"  {table.name}: last change {_lsn(table.last_change_lsn)}, schema version {table.schema_version},"
                 f" applied to Delta up to {_lsn(table.applied_lsn) or 'nothing yet'}"
                 + (" (behind: run `cdc-assets apply`)" if table.behind else "")
+                + (
+                    f"; online snapshot {table.snapshot_run.run} announced at {_lsn(table.snapshot_run.position)}"
+                    if table.snapshot_run
+                    else ""
+                )
             )
         return out
 
@@ -117,7 +133,12 @@ def read_status(config: Config) -> Status:
         applied = applied_lsn(path, app_id(config.source.slot, name), config.warehouse_storage_options)
         status.tables.append(
             TableStatus(
-                name, state.last_change_lsn if state else None, state.schema_version if state else None, applied, path
+                name,
+                state.last_change_lsn if state else None,
+                state.schema_version if state else None,
+                applied,
+                path,
+                state.snapshot_run if state else None,
             )
         )
     return status

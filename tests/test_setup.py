@@ -348,7 +348,15 @@ def test_setup_adds_a_configured_table_online_and_prune_drops_one(pg: Database, 
     pg.execute("UPDATE b SET v = 'after' WHERE id = 2; DELETE FROM b WHERE id = 3; INSERT INTO b VALUES (8, 'new')")
     pipe.drain()
     checkpoint = pipe.checkpoint()
-    assert checkpoint is not None and checkpoint.tables["public.b"].snapshot_run is not None
+    run = checkpoint.tables["public.b"].snapshot_run if checkpoint else None
+    assert run is not None
+    shown = pipe.cli("status", "--json").json["tables"]["public.b"]
+    assert shown["snapshot_run"] == {
+        "run": run.run,
+        "consistent_point": format_lsn(run.consistent_point),
+        "announced_lsn": format_lsn(run.position),
+    }
+    assert shown["last_change_lsn"] == format_lsn(checkpoint.tables["public.b"].last_change_lsn)
     assert pg.execute(slots) == [("cdc_slot",)], "the copy's temporary slot is left"
     pipe.assert_mirrors(["public.a", "public.b"])  # the log replayed from the run equals the source
     again = pipe.cli("setup")
@@ -361,6 +369,7 @@ def test_setup_adds_a_configured_table_online_and_prune_drops_one(pg: Database, 
     assert "dropped public.a from publication cdc_pub (its Delta table stays)" in pruned.stdout.splitlines()
     published = pg.execute("SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'cdc_pub'")
     assert published == [("b",)]
+    assert checkpoint is not None
     last_a = checkpoint.tables["public.a"].last_change_lsn
     pg.execute("UPDATE a SET v = 'unmirrored' WHERE id = 2; UPDATE b SET v = 'mirrored' WHERE id = 4")
     pipe.drain()

@@ -11,22 +11,25 @@ from cdc_assets.changelog.store import LogStore
 from dagster_project.assets import build_changelog_asset, build_history_asset, build_mirror_asset, build_rebuild_asset
 from dagster_project.automation import build_drain_schedule, build_table_sensor
 from dagster_project.checks import build_lag_check, build_parity_check
+from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
-    """The drain asset and schedule; per table a mirror asset, a sensor, a history asset and
-    checks; the rebuild asset; the resources."""
+    """The drain asset and schedule; per table a mirror asset, a sensor, a maintenance asset and
+    its schedule, a history asset and checks; the rebuild asset; the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
     start = _history_start(settings)
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
+    maintenance = {table.name: build_maintenance_asset(settings, table) for table in config.tables}
     return dg.Definitions(
         assets=[
             changelog,
             build_rebuild_asset(settings),
             *mirrors.values(),
+            *maintenance.values(),
             *(build_history_asset(settings, table, start) for table in config.tables),
         ],
         asset_checks=[
@@ -34,7 +37,10 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             for table in config.tables
             for check in (build_parity_check(settings, table), build_lag_check(settings, table))
         ],
-        schedules=[build_drain_schedule(settings, changelog)],
+        schedules=[
+            build_drain_schedule(settings, changelog),
+            *(build_maintenance_schedule(settings, table, maintenance[table.name]) for table in config.tables),
+        ],
         sensors=[build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables],
         resources={
             "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),

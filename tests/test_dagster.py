@@ -37,6 +37,7 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
 from dagster._serdes import serialize_value
 from delta.tables import DeltaTable
 
+from cdc_assets.apply.table_files import table_files
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import load_config
 from cdc_assets.errors import ConfigError
@@ -52,6 +53,7 @@ from dagster_project.assets import (
 )
 from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
 from dagster_project.factory import build_definitions
+from dagster_project.maintenance import maintenance_key
 from dagster_project.settings import load_settings
 from tests.conftest import Database
 from tests.support.dagster_env import (
@@ -188,9 +190,11 @@ def expected_keys() -> dict[str, set[str]]:
     return {
         "assets": {"cdc/changelog", "cdc/rebuild"}
         | {f"delta/{t.replace('.', '/')}" for t in TABLES}
-        | {f"history/{t.replace('.', '/')}" for t in TABLES},
+        | {f"history/{t.replace('.', '/')}" for t in TABLES}
+        | {f"maintenance/{t.replace('.', '/')}" for t in TABLES},
         "checks": {f"delta/{t.replace('.', '/')}:{check}" for t in TABLES for check in ("parity", "lag")},
         "sensors": {f"cdc_merge__{t.replace('.', '__')}" for t in TABLES},
+        "schedules": {"cdc_drain_schedule"} | {f"cdc_maintain__{t.replace('.', '__')}" for t in TABLES},
     }
 
 
@@ -219,7 +223,9 @@ def test_code_location_loads_with_dg_and_lists_its_definitions(tmp_path: Path, m
     assert {a["asset_key"] for a in listed["assets"]} == expected["assets"]
     assert {c["key"] for c in listed["asset_checks"]} == expected["checks"]
     assert {s["name"] for s in listed["sensors"]} == expected["sensors"]
-    assert listed["schedules"] == [{"name": "cdc_drain_schedule", "cron_schedule": "*/7 * * * *"}]
+    schedules = {s["name"]: s["cron_schedule"] for s in listed["schedules"]}
+    assert set(schedules) == expected["schedules"] and schedules.pop("cdc_drain_schedule") == "*/7 * * * *"
+    assert set(schedules.values()) == {"0 * * * *"}  # warehouse.maintenance.cron
     assert {r["name"] for r in listed["resources"]} == {"source", "spark"}
     assert SECRET_DSN not in out and "Sup3r-S3cret" not in out
 
@@ -562,7 +568,39 @@ def history_view(row: dict[str, Any], before: str, after: str) -> dict[str, Any]
     return {**{k: row[k] for k in keys}, "before": row[before], "after": row[after]}
 
 
-# -- 6. pools and the run queue --------------------------------------------------------------------
+# -- 6. maintenance ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_maintenance_asset_compacts_a_table_beside_its_mirror_in_its_pool(env: DagsterEnv) -> None:
+    sync(env, 55)
+    config = env.config()
+    table = config.table(CUSTOMERS)
+    key = maintenance_key(table)
+    assets = env.defs.resolve_assets_def(key)
+    assert (
+        assets.op.pool == env.defs.resolve_assets_def(MIRROR_KEYS[CUSTOMERS]).op.pool == "cdc_table__public__customers"
+    )
+    assert assets.specs_by_key[key].group_name == "mirror"
+    assert {d.asset_key for d in assets.specs_by_key[key].deps} == {MIRROR_KEYS[CUSTOMERS]}
+    schedule = env.defs.resolve_schedule_def("cdc_maintain__public__customers")
+    assert env.defs.resolve_job_def(schedule.job_name).asset_layer.selected_asset_keys == {key}
+    before, applied = table_files(env.path(CUSTOMERS)), env.applied(CUSTOMERS)
+    assert before.files >= 2 and before.deletion_vectors >= 1, before
+
+    metadata = materialization(env.execute(dg.AssetSelection.assets(key)), key)
+    after = table_files(env.path(CUSTOMERS))
+    assert metadata["steps"] == "OPTIMIZE, VACUUM"
+    assert (metadata["files_before"], metadata["files"]) == (before.files, after.files) and after.files < before.files
+    assert (metadata["deletion_vectors_before"], metadata["deletion_vectors"]) == (before.deletion_vectors, 0)
+    assert metadata["size_mb"] == round(after.bytes / 1e6, 3) and metadata["vacuumed_files"] == 0
+    assert metadata["delta_version"] == after.version == env.version(CUSTOMERS) > before.version
+    assert metadata["applied_lsn"] == format_lsn(applied) == format_lsn(env.applied(CUSTOMERS))  # type: ignore[arg-type]
+    env.assert_mirrors()
+    assert all(not tick.run_requests for tick in env.evaluate_sensors().values())  # nothing to merge again
+
+
+# -- 7. pools and the run queue --------------------------------------------------------------------
 
 
 @pytest.mark.slow

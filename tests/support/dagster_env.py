@@ -46,6 +46,7 @@ DSN_VARIABLE = "CDC_SOURCE_DSN"
 SLOT = "cdc_slot"
 TABLES = ("public.customers", "public.orders", "public.notes")
 ROW_FILTERS = {"public.orders": "status <> 'draft'"}
+MAINTENANCE = {"compact_min_files": 2, "purge_min_deletion_vectors": 1}  # due on these small tables
 SPARK = {
     "master": "local[2]",
     "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2"},
@@ -76,7 +77,7 @@ def config_document(
     document: dict[str, Any] = {
         "source": {"dsn": dsn, "slot": slot, "publication": "cdc_pub"},
         "changelog": {"path": "./changelog"},
-        "warehouse": {"path": "./warehouse"},
+        "warehouse": {"path": "./warehouse", "maintenance": MAINTENANCE},
         "spark": SPARK,
         "tables": {t: ({"row_filter": ROW_FILTERS[t]} if t in ROW_FILTERS else {}) for t in tables},
     }

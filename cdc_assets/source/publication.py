@@ -57,7 +57,7 @@ def ensure_publication(conn: psycopg.Connection[Any], config: Config) -> Publica
             _alter(conn, name, f"CREATE PUBLICATION {quote_identifier(name)} FOR TABLE {tables}{via_root}")
             change.created = True
         else:
-            lacking = [t for t in wanted if t not in published_tables(conn, name)]
+            lacking = [t for t in wanted if t not in published_tables(conn, name) and not _listed(conn, name, t)]
             if lacking and publication_owned(conn, name):
                 _alter(conn, name, _add_statement(name, lacking))
                 change.added = lacking
@@ -107,6 +107,18 @@ def publication_owned(conn: psycopg.Connection[Any], name: str) -> bool:
     """Whether the source role owns (or is a member of the role owning) the publication."""
     row = conn.execute(
         "SELECT pg_has_role(pubowner, 'USAGE') FROM pg_publication WHERE pubname = %s", (name,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _listed(conn: psycopg.Connection[Any], publication: str, table: TableName) -> bool:
+    """Whether adding ``table`` cannot help: the publication is ``FOR ALL TABLES``, or lists the
+    table or one of its ancestors already (it publishes them under other names: see
+    :func:`_why_missing`)."""
+    row = conn.execute(
+        "SELECT p.puballtables OR EXISTS (SELECT FROM pg_publication_rel r WHERE r.prpubid = p.oid AND r.prrelid IN"
+        " (SELECT relid FROM pg_partition_ancestors(to_regclass(%s)))) FROM pg_publication p WHERE p.pubname = %s",
+        (table.sql, publication),
     ).fetchone()
     return bool(row and row[0])
 

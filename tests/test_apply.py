@@ -646,9 +646,11 @@ def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-unt
 @pytest.mark.slow
 def test_local_sessions_rebuild_delta_state_with_few_tasks() -> None:
     """Delta's default of 50 tasks to rebuild a table's state made every read and MERGE of a
-    small table take tens of seconds on two local cores."""
+    small table take tens of seconds on two local cores; Spark's 10,000 file-listing tasks did the
+    same to each VACUUM."""
     settings = session_settings(SparkConfig(master="local[2]"))
     assert settings["spark.databricks.delta.snapshotPartitions"] == "2"
+    assert settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] == "2"  # VACUUM's listing
     assert session_settings(SparkConfig(master="local"))["spark.databricks.delta.snapshotPartitions"] == "1"
     assert "spark.databricks.delta.snapshotPartitions" not in session_settings(SparkConfig(master="spark://h:7077"))
     chosen = SparkConfig(master="local[2]", conf={"spark.databricks.delta.snapshotPartitions": "8"})

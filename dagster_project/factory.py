@@ -8,7 +8,13 @@ import dagster as dg
 
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import LogStore
-from dagster_project.assets import build_changelog_asset, build_history_asset, build_mirror_asset, build_rebuild_asset
+from dagster_project.assets import (
+    build_changelog_asset,
+    build_history_asset,
+    build_mirror_asset,
+    build_rebuild_asset,
+    build_snapshot_asset,
+)
 from dagster_project.automation import build_drain_schedule, build_table_sensor
 from dagster_project.checks import build_lag_check, build_parity_check
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
@@ -18,7 +24,7 @@ from dagster_project.settings import Settings
 
 def build_definitions(settings: Settings) -> dg.Definitions:
     """The drain asset and schedule; per table a mirror asset, a sensor, a maintenance asset and
-    its schedule, a history asset and checks; the rebuild asset; the resources."""
+    its schedule, a history asset and checks; the snapshot and rebuild assets; the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
     start = _history_start(settings)
@@ -27,6 +33,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     return dg.Definitions(
         assets=[
             changelog,
+            build_snapshot_asset(settings),
             build_rebuild_asset(settings),
             *mirrors.values(),
             *maintenance.values(),

@@ -188,7 +188,7 @@ def dg_command(*args: str, config: Path, dsn: str | None = None) -> subprocess.P
 
 def expected_keys() -> dict[str, set[str]]:
     return {
-        "assets": {"cdc/changelog", "cdc/rebuild"}
+        "assets": {"cdc/changelog", "cdc/snapshot", "cdc/rebuild"}
         | {f"delta/{t.replace('.', '/')}" for t in TABLES}
         | {f"history/{t.replace('.', '/')}" for t in TABLES}
         | {f"maintenance/{t.replace('.', '/')}" for t in TABLES},

@@ -1,0 +1,93 @@
+"""The online snapshot in Dagster: a backfill of ``cdc/snapshot`` over a damaged table repairs it
+through the table's sensor-driven merge, while the other tables' merges go on; a table added to
+the config shows its assets, sensor and backfill partition when the code location is reloaded
+(docs/architecture.md, "Online snapshots"; README, "Operations")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+from delta.tables import DeltaTable
+
+from cdc_assets.config import load_config
+from cdc_assets.setup import setup
+from dagster_project.assets import SNAPSHOT_KEY, table_pool
+from dagster_project.demo.run import DAGSTER_YAML
+from tests.conftest import Database
+from tests.support.dagster_env import DDL, DSN_VARIABLE, TABLES, DagsterEnv, load_code_location, write_dagster_config
+from tests.support.delta_read import difference
+
+CUSTOMERS, ORDERS, NOTES = TABLES
+
+
+@pytest.fixture(scope="module")
+def env(pg_module: Database, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DagsterEnv]:
+    folder = tmp_path_factory.mktemp("dagster_snapshot")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CDC_CONFIG", str(folder / "cdc.yaml"))
+        patch.setenv(DSN_VARIABLE, pg_module.dsn)
+        with pg_module.connect() as conn:
+            conn.execute(DDL)
+        write_dagster_config(folder / "cdc.yaml")
+        setup(load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: pg_module.dsn}))
+        with dg.instance_for_test(overrides=yaml.safe_load(DAGSTER_YAML)) as instance:
+            yield DagsterEnv(pg_module, folder, instance)
+
+
+def sync(env: DagsterEnv, minute: int) -> set[str]:
+    """A scheduled drain, then the merges the sensors request; the tables merged."""
+    env.run_schedule(datetime(2026, 1, 5, 12, minute, tzinfo=UTC))
+    merged = set()
+    for table, tick in env.evaluate_sensors().items():
+        for request in tick.run_requests:
+            env.execute_request(tick, request)
+            merged.add(table)
+    return merged
+
+
+@pytest.mark.slow
+def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEnv, spark: Any) -> None:
+    assert sync(env, 0) == set(TABLES)
+    DeltaTable.forPath(spark, env.path(CUSTOMERS)).delete("id = 1")
+    DeltaTable.forPath(spark, env.path(CUSTOMERS)).update("id = 2", {"name": "'damaged'"})
+    assert difference(env.delta_rows(CUSTOMERS), env.source_rows(CUSTOMERS)), "the damage is not visible"
+    applied = {table: env.applied(table) for table in TABLES}
+
+    result = env.execute(
+        dg.AssetSelection.assets(SNAPSHOT_KEY), partition_key=CUSTOMERS, tags={"dagster/backfill": "snapshot"}
+    )
+    assert result.success
+    (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key == SNAPSHOT_KEY]
+    metadata = {k: v.value for k, v in event.materialization.metadata.items()}
+    assert metadata["rows"] == len(env.source_rows(CUSTOMERS)) and metadata["chunks"] >= 1, metadata
+    assert env.applied(CUSTOMERS) == applied[CUSTOMERS]  # the copy itself writes no Delta table
+
+    env.transactions(["UPDATE public.orders SET amount = amount + 1 WHERE id = 1"])
+    assert sync(env, 5) == {CUSTOMERS, ORDERS}  # the copy makes customers due; orders has a change
+    env.assert_mirrors()
+    assert all((env.applied(t) or 0) > (applied[t] or 0) for t in (CUSTOMERS, ORDERS))
+    # The copy takes no table's pool: the table's merges (and every other) are not held up by it.
+    assert env.defs.resolve_assets_def(SNAPSHOT_KEY).op.pool not in {table_pool(t) for t in env.config().tables}
+
+
+def test_a_table_added_to_the_config_appears_on_reload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_dagster_config(tmp_path / "cdc.yaml", tables=TABLES[:2])
+    monkeypatch.setenv("CDC_CONFIG", str(path))
+    monkeypatch.setenv(DSN_VARIABLE, "postgresql://unused")
+    before = load_code_location()
+    write_dagster_config(path, tables=TABLES)
+    after = load_code_location()
+    key = dg.AssetKey(["delta", "public", "notes"])
+    assert key not in {spec.key for spec in before.resolve_all_asset_specs()}
+    assert key in {spec.key for spec in after.resolve_all_asset_specs()}
+    assert "cdc_merge__public__notes" in {s.name for s in after.sensors}
+    partitions = after.resolve_assets_def(SNAPSHOT_KEY).partitions_def
+    assert partitions is not None and NOTES in partitions.get_partition_keys()
+    old = before.resolve_assets_def(SNAPSHOT_KEY).partitions_def
+    assert old is not None and NOTES not in old.get_partition_keys()

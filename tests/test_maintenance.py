@@ -100,6 +100,7 @@ def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
     assert purged.steps == ("REORG PURGE", "VACUUM") and purged.before == merged
     assert purged.after is not None and purged.after.deletion_vectors == 0 and purged.after.deleted_rows == 0
     assert purged.applied_lsn == mirror.applied(TABLE) == mirror.checkpoint_lsn()
+    assert Path(path, "_delta_log", "_last_checkpoint").exists()  # that LSN was read through a log checkpoint
     mirror.check(TABLE)
 
 

@@ -54,8 +54,7 @@ def read_text_columns(
 
     Closing the generator early cancels the COPY.
     """
-    with conn.cursor().copy(query):  # starts the COPY; leaving it on an exception cancels it
-        receiver = _Receiver(conn)
+    with conn.cursor().copy(query), _Receiver(conn) as receiver:  # leaving on an exception cancels the COPY
         while not receiver.done:
             block, rows = receiver.block(block_rows, block_bytes)
             if rows:
@@ -72,7 +71,15 @@ class _Receiver:
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
         self._pgconn = conn.pgconn
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._pgconn.socket, selectors.EVENT_READ)
         self.done = False
+
+    def __enter__(self) -> _Receiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._selector.close()
 
     def block(self, max_rows: int, max_bytes: int) -> tuple[bytearray, int]:
         """The next rows, up to either limit (none once the COPY has ended)."""
@@ -92,9 +99,7 @@ class _Receiver:
         return block, rows
 
     def _wait(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._pgconn.socket, selectors.EVENT_READ)
-            selector.select()
+        self._selector.select()
         self._pgconn.consume_input()
 
     def _finish(self) -> None:

@@ -604,7 +604,7 @@ def test_maintenance_asset_compacts_a_table_beside_its_mirror_in_its_pool(env: D
 
 
 @pytest.mark.slow
-def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
+def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
     pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
@@ -623,6 +623,7 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
         t: defs.resolve_job_def(defs.resolve_sensor_def(f"cdc_merge__{t.replace('.', '__')}").job_name)
         for t in (CUSTOMERS, NOTES)
     }
+    maintain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_maintain__public__customers").job_name)
 
     # The demo's instance settings (pools: limit 1, run granularity), the queued run coordinator,
     # and a launcher that executes drains in this process and holds merges as "starting".
@@ -631,7 +632,7 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
         "run_launcher": {"module": "tests.support.dagster_env", "class": "ThreadRunLauncher"},
     }
-    ThreadRunLauncher.HOLD = {job.name for job in merge_jobs.values()}
+    ThreadRunLauncher.HOLD = {job.name for job in (*merge_jobs.values(), maintain_job)}
     with dg.instance_for_test(overrides=overrides) as instance:
         daemon = QueuedRunCoordinatorDaemon(interval_seconds=1)
         location = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin("cdc_assets"), "__repository__")
@@ -666,7 +667,7 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
         runs = {
             "drain 1": submit(drain_job), "drain 2": submit(drain_job),
             "customers 1": submit(merge_jobs[CUSTOMERS]), "customers 2": submit(merge_jobs[CUSTOMERS]),
-            "notes": submit(merge_jobs[NOTES]),
+            "customers maintenance": submit(maintain_job), "notes": submit(merge_jobs[NOTES]),
         }  # fmt: skip
         assert instance.get_run_by_id(runs["drain 1"]).run_op_concurrency.all_pools == {f"cdc_drain__{QUEUE_SLOT}"}  # type: ignore[union-attr]
         queued, starting = dg.DagsterRunStatus.QUEUED, (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
@@ -675,6 +676,7 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
             statuses = dequeue()
             assert statuses["drain 1"] in starting and statuses["drain 2"] == queued
             assert statuses["customers 1"] in starting and statuses["customers 2"] == queued
+            assert statuses["customers maintenance"] == queued  # the table's pool: never beside its merge
             assert statuses["notes"] in starting  # another table's pool: not blocked
             wait_until(lambda: advisory_waiters(pg) == 1, timeout=60, what="the first drain waiting for the drain lock")
             assert instance.get_run_by_id(runs["drain 1"]).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
@@ -698,7 +700,10 @@ def test_run_queue_never_runs_two_drains_or_two_merges_of_one_table_at_once(
         assert instance.run_coordinator.cancel_run(runs["customers 1"])
         statuses = dequeue()
         assert statuses["customers 1"] == dg.DagsterRunStatus.CANCELED and statuses["customers 2"] in starting
-        for name in ("customers 2", "notes"):
+        assert statuses["customers maintenance"] == queued
+        assert instance.run_coordinator.cancel_run(runs["customers 2"])
+        assert dequeue()["customers maintenance"] in starting  # the merge is gone: maintenance goes
+        for name in ("customers maintenance", "notes"):
             assert instance.run_coordinator.cancel_run(runs[name])
 
 

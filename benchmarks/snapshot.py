@@ -108,12 +108,22 @@ class CpuMeter:
         return me.user + me.system, server
 
     def measure(self, work: Callable[[], _T]) -> tuple[dict[str, float], _T]:
+        before = {child.pid for child in self.postmaster.children()}
         client0, server0 = self.reading()
         started = time.perf_counter()
         result = work()
         wall = time.perf_counter() - started
+        self._reaped(before)
         client1, server1 = self.reading()
         return {"seconds": wall, "client_cpu_s": client1 - client0, "server_cpu_s": server1 - server0}, result
+
+    def _reaped(self, before: set[int], timeout_s: float = 30.0) -> None:
+        """Wait until the server processes the work started have exited and the postmaster has
+        reaped them: a backend's CPU time then is in the postmaster's ``children_*`` (read while
+        it exits, it can be in neither)."""
+        deadline = time.monotonic() + timeout_s
+        while {child.pid for child in self.postmaster.children()} - before and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def create_table(cluster: ThrowawayCluster, rows: int) -> TableFacts:

@@ -1,9 +1,10 @@
 """Every copy reads a table's own rows, as PostgreSQL publishes them (docs/architecture.md,
-"The initial snapshot"): an inheritance parent without its children's rows (their changes arrive
-under the children), leaf partitions each with their own rows, and a partitioned table through
-its root when the publication publishes via the partition root. After setup and a round of
-changes routed through parents and across partitions, every Delta table (read by Spark and by
-delta-rs) equals the rows PostgreSQL publishes under its name.
+"The initial snapshot", "Online snapshots"): an inheritance parent without its children's rows
+(their changes arrive under the children), leaf partitions each with their own rows, and a
+partitioned table through its root when the publication publishes via the partition root. After
+setup, after a round of changes routed through parents and across partitions, and after an online
+re-snapshot and more changes, every Delta table (read by Spark and by delta-rs) equals the rows
+PostgreSQL publishes under its name.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from cdc_assets.errors import PublicationMismatchError
+from cdc_assets.online_snapshot import snapshot_tables
 from tests.conftest import Database
 from tests.support.mirror import Mirror
 
@@ -71,6 +73,27 @@ def test_inheritance_parent_and_child_and_leaf_partitions(pg: Database, spark: A
     assert _ids(mirror.check("public.m_eu")) == [1, 4]
     assert _ids(mirror.check("public.m_us")) == [2, 3]
 
+    copied = snapshot_tables(mirror.config(), tables)  # online, each as PostgreSQL publishes it
+    assert {c.table: c.rows for c in copied} == {
+        "public.parent": 3,
+        "public.child": 2,
+        "public.m_eu": 2,
+        "public.m_us": 2,
+    }
+    mirror.sql("UPDATE parent SET v = 'again' WHERE id IN (2, 12)", "UPDATE m SET region = 'eu' WHERE id = 3")
+    mirror.sync()
+    assert [(r["id"], r["v"]) for r in sorted(mirror.check("public.parent"), key=lambda r: r["id"])] == [
+        (1, "p1!"),
+        (2, "again"),
+        (3, "p3"),
+    ]
+    assert [(r["id"], r["v"]) for r in sorted(mirror.check("public.child"), key=lambda r: r["id"])] == [
+        (10, "c10!"),
+        (12, "again"),
+    ]
+    assert _ids(mirror.check("public.m_eu")) == [1, 3, 4]
+    assert _ids(mirror.check("public.m_us")) == [2]
+
 
 def test_partitioned_table_through_its_root(pg: Database, spark: Any, tmp_path: Path) -> None:
     """A configured partitioned table: the publication cdc-assets creates publishes via the root."""
@@ -84,6 +107,16 @@ def test_partitioned_table_through_its_root(pg: Database, spark: Any, tmp_path: 
         (1, "eu", "a"),
         (2, "us", "b"),
         (3, "us", "c!"),
+        (4, "eu", "d"),
+    ]
+
+    (copied,) = snapshot_tables(mirror.config(), ["public.m"])
+    assert copied.rows == 4
+    mirror.sql("UPDATE m SET region = 'eu' WHERE id = 3", "DELETE FROM m WHERE id = 1")
+    mirror.sync()
+    assert sorted((r["id"], r["region"], r["v"]) for r in mirror.check("public.m")) == [
+        (2, "us", "b"),
+        (3, "eu", "c!"),
         (4, "eu", "d"),
     ]
 

@@ -19,6 +19,7 @@ the next run); after it the run is complete.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -214,5 +215,6 @@ def _estimated_rows(config: Config, table: TableName) -> int:
 
 
 def _temporary_slot(slot: str) -> str:
-    suffix = f"_copy_{os.getpid()}"
+    """A name no other copy uses at the same time (one process may copy tables side by side)."""
+    suffix = f"_copy_{os.getpid()}_{secrets.token_hex(3)}"
     return slot[: MAX_SLOT_NAME - len(suffix)] + suffix

@@ -23,7 +23,7 @@ online: the same table set up once (not timed), then ``cdc_assets.online_snapsho
        autocommit transactions paced at ``--load-tps`` (80% updates of random keys, 10% inserts of
        new keys, 10% deletes). Reported: the copy's seconds, rows/s and MiB/s, CPU seconds, the
        write rate the load achieved during the copy, and the drain that follows (the load's changes
-       and the run's announcement).
+       and the run's announcement). The server CPU includes the load's backend.
 
 Further parts run on the same table: add one to ``PARTS`` (a function taking the arguments, the
 cluster, the table's facts and a work folder, returning its JSON).
@@ -53,7 +53,7 @@ import psycopg
 
 from cdc_assets.config import Config, load_config
 from cdc_assets.drain import drain
-from cdc_assets.online_snapshot import snapshot_tables
+from cdc_assets.online_snapshot import TableCopied, snapshot_tables
 from cdc_assets.setup import setup
 from cdc_assets.source.connection import one_row
 from cdc_sandbox.pgcluster import ThrowawayCluster
@@ -242,10 +242,15 @@ class WriteLoad:
         self.dsn, self.rows, self.tps = dsn, rows, tps
         self.ops = 0
         self._stop = threading.Event()
+        self._connected = threading.Event()
         self._thread = threading.Thread(target=self._run, name="write-load")
 
     def __enter__(self) -> WriteLoad:
+        """Start writing; return once the load's connection is open (its backend is no process the
+        measured work started)."""
         self._thread.start()
+        if not self._connected.wait(60):
+            raise RuntimeError("the write load could not connect")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -257,6 +262,7 @@ class WriteLoad:
         new_id = self.rows + 1
         started = time.perf_counter()
         with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self._connected.set()
             while not self._stop.is_set():
                 roll = rng.random()
                 if roll < 0.8:
@@ -278,8 +284,13 @@ def part_online(args: argparse.Namespace, cluster: ThrowawayCluster, table: Tabl
     config = write_config(work / "online", cluster.dsn(), "bench_online", workers)
     setup(config)
     with WriteLoad(cluster.dsn(), table.rows, args.load_tps) as load:
-        measured, (copied,) = meter.measure(partial(snapshot_tables, config, [TABLE]))
-        writes = load.ops
+
+        def copy() -> tuple[TableCopied, int]:
+            before = load.ops
+            (copied,) = snapshot_tables(config, [TABLE])
+            return copied, load.ops - before
+
+        measured, (copied, writes) = meter.measure(copy)
     drained_s = time.perf_counter()
     drained = drain(config)
     drained_s = time.perf_counter() - drained_s

@@ -195,6 +195,8 @@ def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
         print(f"  {table}: {count:,} changes")
     if result.slot is not None and result.slot.lag_bytes is not None:
         print(f"slot {result.slot.name}: lag {result.slot.lag_bytes:,} bytes, WAL status {result.slot.wal_status}")
+    for line in result.retention.lines() if result.retention else []:
+        print(line)
     return 0
 
 

@@ -129,6 +129,11 @@ class MaintenanceConfig:
     vacuum_retention_hours: int = DELTA_MIN_RETENTION_HOURS
 
 
+CHANGELOG_RETENTION_HOURS = 168
+"""How long the change log keeps a table's segments after every reader has applied them
+(``changelog.retention_hours``; docs/architecture.md, "Change-log retention")."""
+
+
 @dataclass(slots=True, frozen=True)
 class Config:
     source: SourceConfig
@@ -140,6 +145,7 @@ class Config:
     warehouse_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    changelog_retention_hours: float = CHANGELOG_RETENTION_HOURS
     path: Path | None = None
 
     def table(self, name: str | TableName) -> TableConfig:
@@ -201,6 +207,7 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
             snapshot_workers=source.positive("snapshot_workers", os.cpu_count() or 1),
         ),
         changelog_path=_location(changelog.text("path"), base),
+        changelog_retention_hours=changelog.hours("retention_hours", CHANGELOG_RETENTION_HOURS),
         warehouse_path=_location(warehouse.text("path"), base),
         warehouse_table_properties=warehouse.settings("table_properties"),
         warehouse_storage_options=warehouse.settings("storage_options"),
@@ -307,6 +314,13 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.fail(key, f"expected 0 (off) or a positive integer, got {value!r}")
         return value
+
+    def hours(self, key: str, default: float) -> float:
+        """A duration in hours: a number ≥ 0 (fractions allowed)."""
+        value = self.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+            raise self.fail(key, f"expected a number of hours, 0 or more, got {value!r}")
+        return float(value)
 
     def settings(self, key: str) -> dict[str, str]:
         """An optional mapping of names to scalar values, as strings (booleans lower-case)."""

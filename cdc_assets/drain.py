@@ -4,7 +4,8 @@
 reconcile the checkpoint with the slot (advance a slot left behind, refuse a slot that is ahead);
 delete what a dead drain left; then batch by batch peek, assemble, write the batch's files durably,
 replace the checkpoint, advance the slot — until the WAL position the drain started at is reached
-or the slot has nothing more.
+or the slot has nothing more; last, still under the lock, change-log retention
+(:mod:`cdc_assets.retention`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import RelationMessage
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.retention import RetentionResult, retain
 from cdc_assets.source import (
     DrainLock,
     SlotReader,
@@ -73,6 +75,7 @@ class DrainResult:
     checkpoint_lsn: int = 0
     start_lsn: int = 0
     slot: SlotState | None = None
+    retention: RetentionResult | None = None
     elapsed_s: float = 0.0
 
     @property
@@ -177,6 +180,7 @@ def drain(
                 # A call that completed nothing holds one transaction larger than the limit: ask for more.
                 limit = limit * 2 if assembler.completed == 0 else source.batch_changes
             result.slot = read_slot(conn, source.slot)
+            result.retention = retain(config, ChangeLogReader(store), checkpoint)
     result.elapsed_s = time.monotonic() - started
     return result
 

@@ -3,7 +3,9 @@ n-th time (default the first) it passes ``<point>``. Points: ``after-segments`` 
 durable, checkpoint not written), ``after-checkpoint`` (checkpoint written, slot not advanced),
 ``after-advance`` (slot advanced), ``mid-batch`` (while rows of a peek are being consumed);
 for ``cdc-assets snapshot``: ``copy-chunk`` (a chunk of the run written), ``copy-complete`` (the
-run's checkpoint written, not announced), ``copy-announced`` (the announcement committed).
+run's checkpoint written, not announced), ``copy-announced`` (the announcement committed); for
+change-log retention: ``retention-base`` (a compacted base written, the checkpoint not),
+``retention-checkpoint`` (the checkpoint names it, no segment deleted yet).
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.apply.planner import RecordChunk, latest_images
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
+from cdc_assets.changelog.checkpoint import TableState
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.errors import CdcError
+from cdc_assets.pgoutput.messages import unix_time
 from cdc_assets.pgoutput.schema import RelationSchema
 
 DAY = "commit_day"
@@ -25,10 +28,22 @@ _CHANGE_COLUMNS = ["_cdc_op", "_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_position"
                    "_cdc_old_kind", "_cdc_unchanged"]  # fmt: skip
 
 
-def history_rows(reader: ChangeLogReader, table: str, relation: RelationSchema, day: date) -> pa.Table:
-    """The changes of ``table`` committed on ``day`` (UTC), in commit order."""
+class HistoryGoneError(CdcError):
+    """The day's changes are no longer (all) in the change log: retention folded them."""
+
+
+def history_rows(reader: ChangeLogReader, table: str, state: TableState, day: date) -> pa.Table:
+    """The changes of ``table`` committed on ``day`` (UTC), in commit order; a day retention has
+    folded (some of) is refused with :class:`HistoryGoneError`."""
     start = datetime.combine(day, time(), tzinfo=UTC)
     end = start + timedelta(days=1)
+    if state.folded is not None and start <= unix_time(state.folded.commit_time_us):
+        kept = unix_time(state.folded.commit_time_us)
+        raise HistoryGoneError(
+            f"the history of {table} for {day.isoformat()} is gone: change-log retention removed its changes"
+            f" committed up to {kept.isoformat()} (changelog.retention_hours); the days after that one are complete"
+        )
+    relation = state.relation
     chunks = []
     for chunk in reader.read_changes(table):
         records = chunk.records

@@ -30,6 +30,7 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.snapshot_runs import (
     SNAPSHOT_RUN_PREFIX,
     SnapshotRunAnnouncement,
+    is_base,
     new_run_id,
     run_consistent_point,
     run_store,
@@ -190,12 +191,15 @@ def tables_without_copy(config: Config, store: LogStore) -> list[TableConfig]:
 def remove_unusable_runs(store: LogStore, table: str) -> None:
     """Delete the table's runs nobody can use: unfinished ones (call only under the table's copy
     lock) and complete ones older than the run the checkpoint names. A complete run newer than that
-    one stays: its announcement may not be drained yet."""
+    one stays: its announcement may not be drained yet. Compacted bases are retention's to delete
+    (it writes them under the drain lock)."""
     checkpoint = read_checkpoint(store)
     state = checkpoint.tables.get(table) if checkpoint else None
     current = state.snapshot_run if state else None
     for folder in store.folders(runs_folder(table)):
         run = folder.rsplit("/", 1)[-1]
+        if is_base(run):
+            continue
         complete = run_store(store, table, run).exists(CHECKPOINT)
         if not complete or (current is not None and run_consistent_point(run) < current.consistent_point):
             store.delete_folder(folder)

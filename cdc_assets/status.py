@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_assets.apply.target import app_id, applied_lsn
-from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
-from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config
 from cdc_assets.errors import SourceError
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pgoutput.messages import unix_time
+from cdc_assets.retention import Hold, table_hold
 from cdc_assets.source import SlotState, connect, read_slot
 
 
@@ -22,7 +23,8 @@ class TableStatus:
     schema_version: int | None
     applied_lsn: int | None = None
     delta_path: str | None = None
-    snapshot_run: SnapshotRunRef | None = None  # the latest online snapshot the log announced
+    snapshot_run: SnapshotRunRef | None = None  # the table's latest copy: online snapshot run or compacted base
+    held: Hold | None = None  # segments past the retention kept because this table still needs them
 
     @property
     def behind(self) -> bool:
@@ -68,6 +70,15 @@ class Status:
                     "applied_lsn": _lsn(t.applied_lsn),
                     "behind": t.behind,
                     "delta_path": t.delta_path,
+                    "held": (
+                        {
+                            "segments": t.held.segments,
+                            "bytes": t.held.bytes,
+                            "oldest_commit_time": _time(t.held.oldest_commit_time_us),
+                        }
+                        if t.held
+                        else None
+                    ),
                     "snapshot_run": (
                         {
                             "run": t.snapshot_run.run,
@@ -110,11 +121,17 @@ class Status:
                     else ""
                 )
             )
+            if table.held:
+                out.append(
+                    f"    holds back the change log: {table.held.segments} segments, {table.held.bytes:,} bytes past"
+                    f" the retention (oldest committed {_time(table.held.oldest_commit_time_us)}) until it is applied"
+                )
         return out
 
 
 def read_status(config: Config) -> Status:
-    checkpoint = read_checkpoint(LogStore(config.changelog_path))
+    reader = ChangeLogReader(config.changelog_path)
+    checkpoint = reader.checkpoint()
     status = Status(
         slot_name=config.source.slot,
         slot=None,
@@ -139,9 +156,14 @@ def read_status(config: Config) -> Status:
                 applied,
                 path,
                 state.snapshot_run if state else None,
+                table_hold(config, reader, checkpoint, name, applied) if checkpoint else None,
             )
         )
     return status
+
+
+def _time(microseconds: int) -> str:
+    return unix_time(microseconds).isoformat(timespec="seconds")
 
 
 def _lsn(value: int | None) -> str | None:

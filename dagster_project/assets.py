@@ -92,6 +92,9 @@ def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
     }
     for table, count in sorted(result.changes.items()):
         metadata[f"changes/{table}"] = dg.MetadataValue.int(count)
+    retention = result.retention.lines() if result.retention else []
+    if retention:
+        metadata["retention"] = dg.MetadataValue.text("\n".join(retention))
     return metadata
 
 
@@ -238,7 +241,7 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
         if state is None:
             raise CdcError(f"the change log at {config.changelog_path} holds nothing for {name}")
         day = context.partition_time_window.start.date()
-        rows = history_rows(reader, name, state.relation, day)
+        rows = history_rows(reader, name, state, day)
         written = write_history(
             spark.session(), history_path(config, table), rows, day, config.warehouse_table_properties
         )

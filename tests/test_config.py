@@ -128,3 +128,16 @@ def test_maintenance_defaults_and_settings() -> None:
 def test_maintenance_mistakes_are_refused(setting: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(EXAMPLE.replace("  path: s3://bucket/warehouse/", f"{MAINTENANCE}{setting}}}"), CDC_SOURCE_DSN="x")
+
+
+def test_changelog_retention_default_and_setting() -> None:
+    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").changelog_retention_hours == 168
+    text = EXAMPLE.replace("  path: ./data/changelog", "  path: ./data/changelog\n  retention_hours: 0.5")
+    assert parse(text, CDC_SOURCE_DSN="x").changelog_retention_hours == 0.5
+
+
+@pytest.mark.parametrize("value", ["-1", "a week", "true", ".nan", ".inf"])
+def test_changelog_retention_mistakes_are_refused(value: str) -> None:
+    text = EXAMPLE.replace("  path: ./data/changelog", f"  path: ./data/changelog\n  retention_hours: {value}")
+    with pytest.raises(ConfigError, match=r"changelog.retention_hours: expected a number of hours, 0 or more, got"):
+        parse(text, CDC_SOURCE_DSN="x")

@@ -23,13 +23,31 @@ FORMAT = 1
 
 
 @dataclass(slots=True, frozen=True)
+class Folded:
+    """How far retention has folded a table's changes into its latest copy: the log holds its
+    changes with end LSN after ``lsn`` only; the last folded one committed at ``commit_time_us``."""
+
+    lsn: int
+    commit_time_us: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"lsn": self.lsn, "commit_time_us": self.commit_time_us}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Folded:
+        return cls(int(data["lsn"]), int(data["commit_time_us"]))
+
+
+@dataclass(slots=True, frozen=True)
 class TableState:
-    """What the log holds for one table: ``snapshot_run`` is its latest complete online snapshot."""
+    """What the log holds for one table: ``snapshot_run`` is its latest copy (an online snapshot
+    run or a compacted base); ``folded`` says which of its changes retention removed."""
 
     last_change_lsn: int
     schema_version: int
     relation: RelationSchema
     snapshot_run: SnapshotRunRef | None = None
+    folded: Folded | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -72,6 +90,7 @@ class Checkpoint:
                     "schema_version": state.schema_version,
                     "relation": state.relation.to_json(),
                     "snapshot_run": state.snapshot_run.to_json() if state.snapshot_run else None,
+                    "folded": state.folded.to_json() if state.folded else None,
                 }
                 for name, state in sorted(self.tables.items())
             },
@@ -104,6 +123,7 @@ class Checkpoint:
                     int(s["schema_version"]),
                     RelationSchema.from_json(s["relation"]),
                     SnapshotRunRef.from_json(s["snapshot_run"]) if s.get("snapshot_run") else None,
+                    Folded.from_json(s["folded"]) if s.get("folded") else None,
                 )
                 for name, s in data.get("tables", {}).items()
             },

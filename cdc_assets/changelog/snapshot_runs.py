@@ -27,6 +27,7 @@ from cdc_assets.pgoutput.schema import RelationSchema
 
 SNAPSHOT_RUN_PREFIX = "cdc_assets.snapshot_run"
 SNAPSHOTS = "snapshots"
+BASE_MARK = "-base-"  # in the name of a compacted base written by retention
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,6 +89,15 @@ def runs_folder(table: str) -> str:
 def new_run_id(consistent_point: int) -> str:
     """A run's name: its consistent point first, so names sort in stream order."""
     return f"{consistent_point:016X}-{secrets.token_hex(4)}"
+
+
+def new_base_id(lsn: int) -> str:
+    """A compacted base's name (retention's, never announced): its LSN first, like a run's."""
+    return f"{lsn:016X}{BASE_MARK}{secrets.token_hex(4)}"
+
+
+def is_base(run: str) -> bool:
+    return BASE_MARK in run
 
 
 def run_consistent_point(run: str) -> int:

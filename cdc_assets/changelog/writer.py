@@ -324,12 +324,17 @@ class BatchWriter:
     def _snapshot_run(self, run: SnapshotRunAnnouncement, end_lsn: int) -> None:
         """Record a complete online snapshot run of ``run.table`` at ``end_lsn``: the table is due
         again, and its columns are the run's unless the log holds a change after the run's
-        consistent point (whose columns are newer)."""
+        consistent point (whose columns are newer). A run older than the table's latest copy (a
+        compacted base retention wrote meanwhile, past the run's consistent point) is not used: the
+        base is, from the announcement on — the log's changes the run would need are gone."""
         ref = SnapshotRunRef(run.run, run.consistent_point, end_lsn)
         state = self._tables.get(run.table)
         if state is None:
             self._tables[run.table] = TableState(end_lsn, 1, run.relation, ref)
             return
+        latest = state.snapshot_run
+        if latest is not None and latest.consistent_point > run.consistent_point:
+            ref = SnapshotRunRef(latest.run, latest.consistent_point, end_lsn)
         newer_columns = state.last_change_lsn <= run.consistent_point and not state.relation.same_version(run.relation)
         self._tables[run.table] = replace(
             state,

@@ -56,12 +56,13 @@ class Mirror:
     results: list[TableApplied] = field(default_factory=list)
     source: dict[str, Any] = field(default_factory=dict)  # ``source:`` settings beside the defaults
     warehouse: dict[str, Any] = field(default_factory=dict)  # ``warehouse:`` settings beside the path
+    changelog: dict[str, Any] = field(default_factory=dict)  # ``changelog:`` settings beside the path
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         document = {
             "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub", **self.source},
-            "changelog": {"path": "./changelog"},
+            "changelog": {"path": "./changelog", **self.changelog},
             "warehouse": {"path": "./warehouse", **self.warehouse},
             "spark": CLI_SPARK,
             "tables": self.tables,

@@ -63,6 +63,7 @@ class Pipeline:
     tables: list[str]
     source: dict[str, Any] = field(default_factory=dict)
     dsn: str | None = None  # the source DSN (default: the database's, as superuser)
+    changelog_settings: dict[str, Any] = field(default_factory=dict)  # ``changelog:`` settings beside the path
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,7 @@ class Pipeline:
     def document(self) -> dict[str, Any]:
         return {
             "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub", **self.source},
-            "changelog": {"path": "./changelog"},
+            "changelog": {"path": "./changelog", **self.changelog_settings},
             "warehouse": {"path": "./warehouse"},
             "tables": {t: {} for t in self.tables},
         }

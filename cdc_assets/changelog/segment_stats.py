@@ -1,0 +1,53 @@
+"""What a log file's Parquet footer says about it: its size, and the largest LSN and commit time it
+holds — enough for retention to decide without reading the rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import pyarrow.parquet as pq
+
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.pgoutput.messages import UNIX_EPOCH
+
+_COLUMNS = {"tables": ("_cdc_end_lsn", "_cdc_commit_time"), "transactions": ("end_lsn", "commit_time")}
+_MESSAGE_COLUMNS = ("lsn", "commit_time")
+
+
+@dataclass(slots=True, frozen=True)
+class SegmentStats:
+    """``max_lsn`` and ``max_commit_time_us`` are None when the file has no such values (an empty
+    table's snapshot; non-transactional messages have no commit time)."""
+
+    path: str
+    bytes: int
+    max_lsn: int | None
+    max_commit_time_us: int | None
+
+
+def segment_stats(store: LogStore, path: str) -> SegmentStats:
+    """The footer statistics of the segment ``path`` (a table segment, or a transactions or messages file)."""
+    lsn_column, time_column = _COLUMNS.get(path.split("/", 1)[0], _MESSAGE_COLUMNS)
+    metadata = pq.ParquetFile(store.path(path), filesystem=store.fs).metadata
+    lsns: list[int] = []
+    times: list[int] = []
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for index in range(row_group.num_columns):
+            column = row_group.column(index)
+            statistics = column.statistics
+            if statistics is None or not statistics.has_min_max:
+                continue
+            if column.path_in_schema == lsn_column:
+                lsns.append(int(statistics.max))
+            elif column.path_in_schema == time_column:
+                times.append(_microseconds(statistics.max))
+    size = store.fs.get_file_info(store.path(path)).size or 0
+    return SegmentStats(path, size, max(lsns, default=None), max(times, default=None))
+
+
+def _microseconds(value: datetime | int) -> int:
+    if isinstance(value, datetime):
+        return (value - UNIX_EPOCH) // timedelta(microseconds=1)
+    return int(value)

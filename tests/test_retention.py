@@ -1,0 +1,276 @@
+"""Change-log retention (``cdc_assets.retention``) against real PostgreSQL: segments every reader
+has applied are folded into a compacted base and deleted, and the log still replays to the source
+(the oracle, ``tests/support/oracle.py``, reads each table from its latest copy); a table held
+behind keeps its segments, ``status`` says how much it holds, and it catches up exactly; a drain
+killed between writing the base and deleting the segments leaves a correct log.
+
+``changelog.retention_hours: 0`` makes every applied segment old enough, so nothing waits for time.
+Without Spark, a table's applied LSN is written into its Delta log by delta-rs (the idempotent-write
+marker the apply records, on a Delta table of no rows): retention reads nothing else of it. The one
+test of real merges (a held table catching up, a rebuild from a base) uses Spark and is slow."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from cdc_assets.apply.runner import rebuild_table
+from cdc_assets.apply.target import app_id
+from cdc_assets.changelog.snapshot_runs import is_base
+from cdc_assets.history import HistoryGoneError, history_rows
+from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
+from cdc_assets.status import read_status
+from tests.conftest import Database
+from tests.support.mirror import Mirror
+from tests.support.pipeline import Pipeline
+
+RANDOM_20K = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 640))"
+KINDS = ["public.k", "public.f", "public.n"]
+
+
+def create_kinds(db: Database) -> None:
+    """A keyed table with a TOASTed column, a REPLICA IDENTITY FULL table with duplicate rows, a
+    table without a key (append-only)."""
+    for statement in (
+        "CREATE TABLE k (id int PRIMARY KEY, v text, big text)",
+        "CREATE TABLE f (a int, b text)",
+        "ALTER TABLE f REPLICA IDENTITY FULL",
+        "CREATE TABLE n (a int, b text)",
+        f"INSERT INTO k SELECT i, 'v' || i, CASE WHEN i = 1 THEN {RANDOM_20K} END FROM generate_series(1, 20) i",
+        "INSERT INTO f VALUES (1, 'x'), (1, 'x'), (2, 'y')",
+        "INSERT INTO n VALUES (1, 'x'), (1, 'x')",
+    ):
+        db.execute(statement)
+
+
+def change_kinds(db: Database, round_: int) -> None:
+    """One transaction per statement: updates (one leaving the TOASTed column alone), a key change,
+    deletes, inserts, a duplicate removed and added."""
+    for statement in (
+        f"UPDATE k SET v = v || '+{round_}' WHERE id = 1",
+        f"UPDATE k SET v = 'r{round_}' WHERE id % 3 = {round_ % 3}",
+        f"UPDATE k SET id = id + 1000 WHERE id = {round_ + 1}",
+        f"DELETE FROM k WHERE id = {round_ + 10}",
+        f"INSERT INTO k VALUES ({100 + round_}, 'new', NULL)",
+        "DELETE FROM f WHERE ctid = (SELECT min(ctid) FROM f WHERE a = 1)",
+        f"INSERT INTO f VALUES (1, 'x'), ({round_ + 10}, 'z')",
+        f"INSERT INTO n VALUES ({round_}, 'r')",
+    ):
+        db.execute(statement)
+
+
+def mark_applied(pipe: Pipeline, table: str, lsn: int) -> None:
+    """Record ``lsn`` as ``table``'s applied LSN in its Delta log, as the apply's commit does."""
+    config = pipe.config()
+    marker = Transaction(app_id(config.source.slot, table), lsn)
+    write_deltalake(
+        config.target_path(config.table(table)),
+        pa.table({"marker": pa.array([], pa.int64())}),
+        mode="append",
+        commit_properties=CommitProperties(app_transactions=[marker]),
+    )
+
+
+def checkpoint_lsn(pipe: Pipeline) -> int:
+    checkpoint = pipe.checkpoint()
+    assert checkpoint is not None
+    return checkpoint.lsn
+
+
+def segments(pipe: Pipeline, table: str) -> list[str]:
+    return sorted(p.name for p in (Path(pipe.changelog) / "tables" / table).glob("*.parquet"))
+
+
+def bases(pipe: Pipeline, table: str) -> list[str]:
+    return sorted(p.name for p in (Path(pipe.changelog) / "snapshots" / table).glob("*") if is_base(p.name))
+
+
+def retained(pg: Database, tmp_path: Path, tables: list[str]) -> Pipeline:
+    return Pipeline(pg, tmp_path, tables, changelog_settings={"retention_hours": 0})
+
+
+def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: Database, tmp_path: Path) -> None:
+    create_kinds(pg)
+    pipe = retained(pg, tmp_path, KINDS)
+    pipe.setup()
+    change_kinds(pg, 1)
+    pipe.drain(wait=True)
+    applied = checkpoint_lsn(pipe)
+    before = {t: segments(pipe, t) for t in KINDS}
+    transactions_before = pipe.batch_starts()
+    for table in KINDS:
+        mark_applied(pipe, table, applied)
+    for round_ in (2, 3):
+        change_kinds(pg, round_)
+        result = pipe.drain(wait=True)
+        assert result.retention is not None
+        pipe.assert_mirrors()
+        checkpoint = pipe.checkpoint()
+        assert checkpoint is not None
+        for table in KINDS:
+            state = checkpoint.tables[table]
+            assert state.snapshot_run is not None and is_base(state.snapshot_run.run)
+            assert state.folded is not None and state.folded.lsn <= applied
+            assert bases(pipe, table) == [state.snapshot_run.run]
+            assert not set(before[table]) & set(segments(pipe, table)), table  # the applied batches are gone
+        assert min(pipe.batch_starts()) > max(transactions_before)
+        applied = checkpoint_lsn(pipe)
+        for table in KINDS:
+            mark_applied(pipe, table, applied)
+    folded = {t.table: t for t in result.retention.tables}
+    assert all(folded[t].removed_segments and folded[t].base for t in KINDS), result.retention
+    state = pipe.checkpoint().tables["public.k"]  # type: ignore[union-attr]
+    with pytest.raises(HistoryGoneError, match=r"the history of public.k for .* is gone"):
+        history_rows(pipe.reader, "public.k", state, datetime.now(UTC).date())
+
+
+def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database, tmp_path: Path) -> None:
+    pg.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+    pg.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
+    pipe = retained(pg, tmp_path, ["public.a", "public.b"])
+    pipe.setup()
+    for round_ in (1, 2):
+        pg.execute(f"INSERT INTO a VALUES ({round_}, 'a')")
+        pg.execute(f"INSERT INTO b VALUES ({round_}, 'b')")
+        pipe.drain(wait=True)
+    mark_applied(pipe, "public.a", checkpoint_lsn(pipe))
+    held = segments(pipe, "public.b")
+    transactions = pipe.batch_starts()
+    pg.execute("INSERT INTO a VALUES (3, 'a')")
+    result = pipe.drain(wait=True)
+    assert result.retention is not None
+    by_table = {t.table: t for t in result.retention.tables}
+    assert by_table["public.a"].removed_segments == 3 and by_table["public.b"].removed_segments == 0
+    assert segments(pipe, "public.b") == held and pipe.batch_starts()[: len(transactions)] == transactions
+
+    mark_applied(pipe, "public.a", checkpoint_lsn(pipe))
+    status = read_status(pipe.config())
+    hold = {t.name: t.held for t in status.tables}
+    assert hold["public.a"] is None
+    # b's two batches of changes (its empty initial snapshot holds nothing)
+    assert hold["public.b"] is not None and hold["public.b"].segments == 2 and hold["public.b"].bytes > 0
+    assert any(line.strip().startswith("holds back the change log: 2 segments") for line in status.lines())
+    assert status.to_json()["tables"]["public.b"]["held"]["segments"] == 2
+    pipe.assert_mirrors()
+
+    mark_applied(pipe, "public.b", checkpoint_lsn(pipe))
+    pg.execute("INSERT INTO b VALUES (3, 'b')")
+    result = pipe.drain(wait=True)
+    assert {t.table: t.removed_segments for t in result.retention.tables}["public.b"] == 3  # type: ignore[union-attr]
+    assert segments(pipe, "public.b") != held
+    assert read_status(pipe.config()).tables[1].held.segments == 1  # type: ignore[union-attr]  # the batch not applied
+    pipe.assert_mirrors()
+
+
+@pytest.mark.parametrize("point", ["retention-base", "retention-checkpoint"])
+def test_a_drain_killed_while_folding_leaves_a_correct_log(pg: Database, tmp_path: Path, point: str) -> None:
+    create_kinds(pg)
+    pipe = retained(pg, tmp_path, KINDS)
+    pipe.setup()
+    change_kinds(pg, 1)
+    pipe.drain(wait=True)
+    for table in KINDS:
+        mark_applied(pipe, table, checkpoint_lsn(pipe))
+    change_kinds(pg, 2)
+    killed = pipe.cli("drain", "--wait", env={**pipe.environ, "CDC_ASSETS_FAULT": point})
+    assert killed.returncode == -9, killed.stderr
+    pipe.assert_mirrors()
+    named = pipe.checkpoint().tables["public.k"].snapshot_run  # type: ignore[union-attr]
+    assert (named is not None) == (point == "retention-checkpoint")
+    assert len(bases(pipe, "public.k")) == 1  # written, complete; named or not
+
+    change_kinds(pg, 3)
+    done = pipe.cli("drain", "--wait")
+    assert done.returncode == 0, done.stderr
+    pipe.assert_mirrors()
+    checkpoint = pipe.checkpoint()
+    assert checkpoint is not None
+    for table in KINDS:
+        run = checkpoint.tables[table].snapshot_run
+        assert run is not None and bases(pipe, table) == [run.run]  # the unnamed base is deleted
+        assert all(int(s.split("-")[0], 16) >= run.consistent_point for s in segments(pipe, table))
+
+
+def test_a_quiet_table_does_not_hold_the_log_back(pg: Database, tmp_path: Path) -> None:
+    """A table without changes keeps its old applied LSN (the apply has nothing to write for it)."""
+    pg.execute("CREATE TABLE quiet (id int PRIMARY KEY)")
+    pg.execute("CREATE TABLE busy (id int PRIMARY KEY)")
+    pipe = retained(pg, tmp_path, ["public.quiet", "public.busy"])
+    pipe.setup()
+    mark_applied(pipe, "public.quiet", checkpoint_lsn(pipe))
+    for round_ in (1, 2):
+        pg.execute(f"INSERT INTO busy VALUES ({round_})")
+        pipe.drain(wait=True)
+        mark_applied(pipe, "public.busy", checkpoint_lsn(pipe))
+    pg.execute("INSERT INTO busy VALUES (3)")
+    pipe.drain(wait=True)
+    assert len(pipe.batch_starts()) == 1  # the last batch's: the one busy has not applied
+    assert read_status(pipe.config()).tables[0].held is None
+
+
+def test_an_online_snapshot_older_than_a_base_is_replaced_by_the_base(pg: Database, tmp_path: Path) -> None:
+    """A run copied as of ``C`` whose announcement is drained after retention folded past ``C``:
+    the changes in ``(C, base]`` it would need are gone, so the base stands in for it."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pg.execute("INSERT INTO t SELECT i, 'v' FROM generate_series(1, 10) i")
+    pipe = retained(pg, tmp_path, ["public.t"])
+    pipe.setup()
+    during: list[int] = []
+
+    def write_once(_: CopyProgress) -> None:  # after the run's consistent point, before its announcement
+        if not during:
+            pg.execute("UPDATE t SET v = 'during' WHERE id = 1")
+            during.append(pg.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8")[0][0])
+
+    (copied,) = snapshot_tables(pipe.config(), ["public.t"], progress=write_once)
+    mark_applied(pipe, "public.t", during[0])
+    pipe.drain(wait=True, upto_lsn=during[0])  # the update, not the announcement; then retention
+    state = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
+    assert state.snapshot_run is not None and is_base(state.snapshot_run.run)
+    assert state.snapshot_run.consistent_point > copied.consistent_point
+
+    pipe.drain(wait=True)  # the announcement
+    state = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
+    assert state.snapshot_run is not None and is_base(state.snapshot_run.run)
+    assert state.snapshot_run.position > copied.announced_lsn  # the end of the announcing transaction
+    pipe.assert_mirrors()
+
+
+@pytest.mark.slow
+def test_a_held_table_catches_up_exactly_and_a_rebuild_starts_from_the_base(
+    pg: Database, spark: Any, tmp_path: Path
+) -> None:
+    tables = {"public.a": {}, "public.b": {}}
+    mirror = Mirror(pg, tmp_path / "mirror", tables, spark, changelog={"retention_hours": 0})
+    mirror.sql(
+        "CREATE TABLE a (id int PRIMARY KEY, v text)",
+        "CREATE TABLE b (id int PRIMARY KEY, v text)",
+        "INSERT INTO a SELECT i, 'a' FROM generate_series(1, 50) i",
+        "INSERT INTO b SELECT i, 'b' FROM generate_series(1, 50) i",
+    )
+    mirror.setup()
+    mirror.apply()
+    for round_ in (1, 2):
+        mirror.sql(f"UPDATE a SET v = 'a{round_}' WHERE id % 5 = {round_}", f"DELETE FROM b WHERE id = {round_}")
+        mirror.sql(f"UPDATE b SET v = 'b{round_}' WHERE id % 7 = {round_}", f"INSERT INTO a VALUES ({100 + round_})")
+        mirror.drain()
+        mirror.apply(["public.a"])
+    b_folder = Path(mirror.config().changelog_path) / "tables" / "public.b"
+    held = sorted(p.name for p in b_folder.glob("*.parquet"))
+    assert len(held) == 2  # b's changes since its last apply: held back by b
+    mirror.drain()  # retention again: a's segments are gone, b's are not
+    a_folder = Path(mirror.config().changelog_path) / "tables" / "public.a"
+    assert not list(a_folder.glob("*.parquet")) and sorted(p.name for p in b_folder.glob("*.parquet")) == held
+
+    mirror.apply()
+    mirror.check("public.a")
+    mirror.check("public.b")
+    config = mirror.config()
+    rebuilt = rebuild_table(config, config.table("public.a"), spark)
+    assert rebuilt.applied_lsn == mirror.checkpoint_lsn()
+    mirror.check("public.a")

@@ -56,6 +56,7 @@ from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
 from dagster_project.settings import load_settings
 from tests.conftest import Database
+from tests.support.commit_time import commit_at
 from tests.support.dagster_env import (
     DDL,
     DSN_VARIABLE,
@@ -440,27 +441,6 @@ def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: Da
 
 
 # -- 5. history backfill ---------------------------------------------------------------------------
-
-
-def commit_at(db: Database, moment: datetime, *statements: str) -> None:
-    """One transaction whose commit time, as logical decoding reports it, is ``moment``.
-
-    A session with a replication origin set up commits with the origin's timestamp in its commit
-    record, and logical decoding (hence pgoutput's BEGIN and COMMIT) reports that timestamp as the
-    commit time — how a subscriber replays an upstream transaction. The transaction itself is
-    real: real rows, a real LSN, decoded and drained like any other."""
-    with db.connect() as conn:
-        if not conn.execute("SELECT 1 FROM pg_replication_origin WHERE roname = 'history_test'").fetchall():
-            conn.execute("SELECT pg_replication_origin_create('history_test')")
-        conn.execute("SELECT pg_replication_origin_session_setup('history_test')")
-        try:
-            with conn.transaction():
-                lsn = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
-                conn.execute("SELECT pg_replication_origin_xact_setup(%s, %s)", (lsn, moment))
-                for statement in statements:
-                    conn.execute(statement)
-        finally:
-            conn.execute("SELECT pg_replication_origin_session_reset()")
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ test of real merges (a held table catching up, a rebuild from a base) uses Spark
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from cdc_assets.history import HistoryGoneError, history_rows
 from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.status import read_status
 from tests.conftest import Database
+from tests.support.commit_time import commit_at
 from tests.support.mirror import Mirror
 from tests.support.pipeline import Pipeline
 
@@ -127,6 +128,33 @@ def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: 
     state = pipe.checkpoint().tables["public.k"]  # type: ignore[union-attr]
     with pytest.raises(HistoryGoneError, match=r"the history of public.k for .* is gone"):
         history_rows(pipe.reader, "public.k", state, datetime.now(UTC).date())
+
+
+def test_only_changes_older_than_the_retention_go_and_their_days_report_gone(pg: Database, tmp_path: Path) -> None:
+    """Commit times days in the past (a replication origin's, as a subscriber replays them), a
+    retention of one day: the old batches are folded, today's stay, and so does their history."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    pipe = Pipeline(pg, tmp_path, ["public.t"], changelog_settings={"retention_hours": 24})
+    pipe.setup()
+    now = datetime.now(UTC)
+    old_day = (now - timedelta(days=3)).date()
+    commit_at(pg, now - timedelta(days=3), "INSERT INTO t VALUES (1, 'old')")
+    pipe.drain(wait=True)
+    commit_at(pg, now - timedelta(days=2), "UPDATE t SET v = 'older' WHERE id = 1")
+    pipe.drain(wait=True)
+    pg.execute("INSERT INTO t VALUES (2, 'today')")
+    pipe.drain(wait=True)
+    young = segments(pipe, "public.t")[-1]
+    mark_applied(pipe, "public.t", checkpoint_lsn(pipe))
+    result = pipe.drain(wait=True)
+    assert result.retention is not None and result.retention.tables[0].removed_segments == 3  # snapshot, 2 old
+    assert segments(pipe, "public.t") == [young]
+    pipe.assert_mirrors()
+    state = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
+    with pytest.raises(HistoryGoneError, match=rf"the history of public.t for {old_day.isoformat()} is gone"):
+        history_rows(pipe.reader, "public.t", state, old_day)
+    today = history_rows(pipe.reader, "public.t", state, now.date())
+    assert today.column("after").to_pylist() == [{"id": 2, "v": "today"}]
 
 
 def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database, tmp_path: Path) -> None:

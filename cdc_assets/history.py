@@ -20,7 +20,7 @@ from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.changelog.checkpoint import TableState
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.errors import CdcError
-from cdc_assets.pgoutput.messages import unix_time
+from cdc_assets.pgoutput.messages import UNIX_EPOCH, unix_time
 from cdc_assets.pgoutput.schema import RelationSchema
 
 DAY = "commit_day"
@@ -45,7 +45,8 @@ def history_rows(reader: ChangeLogReader, table: str, state: TableState, day: da
         )
     relation = state.relation
     chunks = []
-    for chunk in reader.read_changes(table):
+    since = (start - UNIX_EPOCH) // timedelta(microseconds=1)
+    for chunk in reader.read_changes(table, committed_since_us=since):  # the segments of earlier days are skipped
         records = chunk.records
         when = records.column("_cdc_commit_time")
         keep = pc.and_(

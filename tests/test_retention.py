@@ -145,6 +145,8 @@ def test_only_changes_older_than_the_retention_go_and_their_days_report_gone(pg:
     pg.execute("INSERT INTO t VALUES (2, 'today')")
     pipe.drain(wait=True)
     young = segments(pipe, "public.t")[-1]
+    before = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
+    assert history_rows(pipe.reader, "public.t", before, old_day).column("after").to_pylist() == [{"id": 1, "v": "old"}]
     mark_applied(pipe, "public.t", checkpoint_lsn(pipe))
     result = pipe.drain(wait=True)
     assert result.retention is not None and result.retention.tables[0].removed_segments == 3  # snapshot, 2 old

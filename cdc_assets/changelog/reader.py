@@ -26,6 +26,7 @@ from cdc_assets.changelog.layout import (
     table_folder,
     table_of_folder,
 )
+from cdc_assets.changelog.segment_stats import column_max
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef, run_store
 from cdc_assets.changelog.store import TEMPORARY_MARK, LogStore
 from cdc_assets.changelog.writer import RELATION_KEY
@@ -70,9 +71,12 @@ class ChangeLogReader:
                 found.append(Segment(path, name))
         return sorted(found, key=lambda s: s.name)
 
-    def read_changes(self, table: str, after: int = -1, upto: int | None = None) -> Iterator[ChangeChunk]:
+    def read_changes(
+        self, table: str, after: int = -1, upto: int | None = None, *, committed_since_us: int | None = None
+    ) -> Iterator[ChangeChunk]:
         """The table's change records of transactions with end LSN in ``(after, upto]``, in order
-        (``upto`` defaults to the checkpoint)."""
+        (``upto`` defaults to the checkpoint). ``committed_since_us``: skip segments whose footer
+        says every change in them committed before then (µs since 1970)."""
         limit = self._limit(upto)
         segments = self.segments(table_folder(table), limit)
         # A batch holds end LSNs in (its start, next batch's start]: skip batches wholly <= after.
@@ -82,6 +86,10 @@ class ChangeLogReader:
             if segment.name.batch_start < first:
                 continue
             parquet = pq.ParquetFile(self.store.path(segment.path), filesystem=self.store.fs)
+            if committed_since_us is not None:
+                newest = column_max(parquet.metadata, "_cdc_commit_time")
+                if newest is not None and newest < committed_since_us:
+                    continue
             metadata = json.loads(parquet.schema_arrow.metadata[RELATION_KEY])
             records = from_storage(parquet.read())
             end = records.column("_cdc_end_lsn")

@@ -30,21 +30,22 @@ def segment_stats(store: LogStore, path: str) -> SegmentStats:
     """The footer statistics of the segment ``path`` (a table segment, or a transactions or messages file)."""
     lsn_column, time_column = _COLUMNS.get(path.split("/", 1)[0], _MESSAGE_COLUMNS)
     metadata = pq.ParquetFile(store.path(path), filesystem=store.fs).metadata
-    lsns: list[int] = []
-    times: list[int] = []
+    size = store.fs.get_file_info(store.path(path)).size or 0
+    return SegmentStats(path, size, column_max(metadata, lsn_column), column_max(metadata, time_column))
+
+
+def column_max(metadata: pq.FileMetaData, column: str) -> int | None:
+    """The largest value of a top-level integer or timestamp column (µs since 1970), from the row
+    groups' statistics; None when it has none (no rows, or only nulls)."""
+    found: list[int] = []
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
         for index in range(row_group.num_columns):
-            column = row_group.column(index)
-            statistics = column.statistics
-            if statistics is None or not statistics.has_min_max:
-                continue
-            if column.path_in_schema == lsn_column:
-                lsns.append(int(statistics.max))
-            elif column.path_in_schema == time_column:
-                times.append(_microseconds(statistics.max))
-    size = store.fs.get_file_info(store.path(path)).size or 0
-    return SegmentStats(path, size, max(lsns, default=None), max(times, default=None))
+            chunk = row_group.column(index)
+            statistics = chunk.statistics
+            if chunk.path_in_schema == column and statistics is not None and statistics.has_min_max:
+                found.append(_microseconds(statistics.max))
+    return max(found, default=None)
 
 
 def _microseconds(value: datetime | int) -> int:

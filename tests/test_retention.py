@@ -22,6 +22,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from cdc_assets.apply.runner import rebuild_table
 from cdc_assets.apply.target import app_id
 from cdc_assets.changelog.snapshot_runs import is_base
+from cdc_assets.errors import CdcError
 from cdc_assets.history import HistoryGoneError, history_rows
 from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.status import read_status
@@ -95,12 +96,18 @@ def retained(pg: Database, tmp_path: Path, tables: list[str]) -> Pipeline:
     return Pipeline(pg, tmp_path, tables, changelog_settings={"retention_hours": 0})
 
 
-def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: Database, tmp_path: Path) -> None:
+def kinds_drained(pg: Database, tmp_path: Path) -> Pipeline:
+    """The three kinds of tables set up, changed once and drained, with a retention of 0."""
     create_kinds(pg)
     pipe = retained(pg, tmp_path, KINDS)
     pipe.setup()
     change_kinds(pg, 1)
     pipe.drain(wait=True)
+    return pipe
+
+
+def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: Database, tmp_path: Path) -> None:
+    pipe = kinds_drained(pg, tmp_path)
     applied = checkpoint_lsn(pipe)
     before = {t: segments(pipe, t) for t in KINDS}
     transactions_before = pipe.batch_starts()
@@ -199,11 +206,7 @@ def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database
 
 @pytest.mark.parametrize("point", ["retention-base", "retention-checkpoint"])
 def test_a_drain_killed_while_folding_leaves_a_correct_log(pg: Database, tmp_path: Path, point: str) -> None:
-    create_kinds(pg)
-    pipe = retained(pg, tmp_path, KINDS)
-    pipe.setup()
-    change_kinds(pg, 1)
-    pipe.drain(wait=True)
+    pipe = kinds_drained(pg, tmp_path)
     for table in KINDS:
         mark_applied(pipe, table, checkpoint_lsn(pipe))
     change_kinds(pg, 2)
@@ -224,6 +227,15 @@ def test_a_drain_killed_while_folding_leaves_a_correct_log(pg: Database, tmp_pat
         run = checkpoint.tables[table].snapshot_run
         assert run is not None and bases(pipe, table) == [run.run]  # the unnamed base is deleted
         assert all(int(s.split("-")[0], 16) >= run.consistent_point for s in segments(pipe, table))
+
+
+def test_a_segment_removed_during_a_read_is_an_error_naming_it(pg: Database, tmp_path: Path) -> None:
+    pipe = kinds_drained(pg, tmp_path)
+    chunks = pipe.reader.read_changes("public.k")  # listed now, read as iterated
+    last = Path(pipe.changelog) / "tables" / "public.k" / segments(pipe, "public.k")[-1]
+    last.unlink()
+    with pytest.raises(CdcError, match=rf"segment tables/public.k/{last.name} of public.k was removed by change-log"):
+        list(chunks)
 
 
 def test_a_quiet_table_does_not_hold_the_log_back(pg: Database, tmp_path: Path) -> None:

@@ -99,8 +99,11 @@ def apply_table(
         result.skipped = "up to date"
         return result
     after = -1 if applied is None else applied
-    chunks = [RecordChunk(c.relation, c.records) for c in reader.read_table(name, state, after, lsn)]
     copied = applied is None or reader.due_snapshot_run(state, after, lsn) is not None
+    nothing_new = not copied and state.last_change_lsn <= after  # then no segment is opened
+    chunks = (
+        [] if nothing_new else [RecordChunk(c.relation, c.records) for c in reader.read_table(name, state, after, lsn)]
+    )
     if not chunks or (not copied and sum(c.records.num_rows for c in chunks) == 0):
         result.skipped = "no changes"
         return result

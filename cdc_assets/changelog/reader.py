@@ -75,23 +75,33 @@ class ChangeLogReader:
         self, table: str, after: int = -1, upto: int | None = None, *, committed_since_us: int | None = None
     ) -> Iterator[ChangeChunk]:
         """The table's change records of transactions with end LSN in ``(after, upto]``, in order
-        (``upto`` defaults to the checkpoint). ``committed_since_us``: skip segments whose footer
-        says every change in them committed before then (µs since 1970)."""
+        (``upto`` defaults to the checkpoint; the segments are listed at the call). ``committed_since_us``:
+        skip segments whose footer says every change in them committed before then (µs since 1970)."""
         limit = self._limit(upto)
         segments = self.segments(table_folder(table), limit)
         # A batch holds end LSNs in (its start, next batch's start]: skip batches wholly <= after.
         starts = sorted({s.name.batch_start for s in segments})
         first = max([b for b in starts if b <= after] or [starts[0] if starts else 0])
+        wanted = [s for s in segments if s.name.batch_start >= first]
+        return self._read_segments(table, wanted, after, limit, committed_since_us)
+
+    def _read_segments(
+        self, table: str, segments: list[Segment], after: int, limit: int, committed_since_us: int | None
+    ) -> Iterator[ChangeChunk]:
         for segment in segments:
-            if segment.name.batch_start < first:
-                continue
-            parquet = pq.ParquetFile(self.store.path(segment.path), filesystem=self.store.fs)
-            if committed_since_us is not None:
-                newest = column_max(parquet.metadata, "_cdc_commit_time")
-                if newest is not None and newest < committed_since_us:
-                    continue
-            metadata = json.loads(parquet.schema_arrow.metadata[RELATION_KEY])
-            records = from_storage(parquet.read())
+            try:
+                parquet = pq.ParquetFile(self.store.path(segment.path), filesystem=self.store.fs)
+                if committed_since_us is not None:
+                    newest = column_max(parquet.metadata, "_cdc_commit_time")
+                    if newest is not None and newest < committed_since_us:
+                        continue
+                metadata = json.loads(parquet.schema_arrow.metadata[RELATION_KEY])
+                records = from_storage(parquet.read())
+            except FileNotFoundError:  # only retention deletes valid segments
+                raise CdcError(
+                    f"segment {segment.path} of {table} was removed by change-log retention while it was being"
+                    " read: run again"
+                ) from None
             end = records.column("_cdc_end_lsn")
             keep = pc.and_(pc.greater(end, after), pc.less_equal(end, limit))
             records = records.filter(keep).replace_schema_metadata(None)

@@ -26,6 +26,7 @@ from cdc_assets.errors import CdcError
 from cdc_assets.history import HistoryGoneError, history_rows
 from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.status import read_status
+from dagster_project.assets import drain_metadata
 from tests.conftest import Database
 from tests.support.commit_time import commit_at
 from tests.support.mirror import Mirror
@@ -132,6 +133,7 @@ def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: 
             mark_applied(pipe, table, applied)
     folded = {t.table: t for t in result.retention.tables}
     assert all(folded[t].removed_segments and folded[t].base for t in KINDS), result.retention
+    assert "compacted base" in drain_metadata(result)["retention"].value  # the Dagster drain asset's
     state = pipe.checkpoint().tables["public.k"]  # type: ignore[union-attr]
     with pytest.raises(HistoryGoneError, match=r"the history of public.k for .* is gone"):
         history_rows(pipe.reader, "public.k", state, datetime.now(UTC).date())
@@ -220,6 +222,7 @@ def test_a_drain_killed_while_folding_leaves_a_correct_log(pg: Database, tmp_pat
     change_kinds(pg, 3)
     done = pipe.cli("drain", "--wait")
     assert done.returncode == 0, done.stderr
+    assert "retention: public.k: removed " in done.stdout  # what the drain folded, one line per table
     pipe.assert_mirrors()
     checkpoint = pipe.checkpoint()
     assert checkpoint is not None

@@ -5,7 +5,8 @@ durable, checkpoint not written), ``after-checkpoint`` (checkpoint written, slot
 for ``cdc-assets snapshot``: ``copy-chunk`` (a chunk of the run written), ``copy-complete`` (the
 run's checkpoint written, not announced), ``copy-announced`` (the announcement committed); for
 change-log retention: ``retention-base`` (a compacted base written, the checkpoint not),
-``retention-checkpoint`` (the checkpoint names it, no segment deleted yet).
+``retention-checkpoint`` (the checkpoint names it, no segment deleted yet), ``retention-delete``
+(a folded segment deleted, the others not yet).
 """
 
 from __future__ import annotations

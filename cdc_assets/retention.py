@@ -168,11 +168,12 @@ def _fold_table(
         return outcome, checkpoint  # no changes (an empty table's snapshot): folded with the next ones
     lsn = _last_lsn(batches[-1])
     commit_time = max([s.max_commit_time_us or 0 for s in fold] + [state.folded.commit_time_us if state.folded else 0])
-    copy = run
-    if run is None or lsn > run.consistent_point:
-        if run is None and _batch_start(fold[0]) != 0:
-            outcome.skipped = "no copy of the table to fold into (its initial snapshot is not in the log)"
-            return outcome, checkpoint
+    if run is not None and lsn <= run.consistent_point:
+        copy = run  # the folded changes are in it already
+    elif run is None and _batch_start(fold[0]) != 0:
+        outcome.skipped = "no copy of the table to fold into (its initial snapshot is not in the log)"
+        return outcome, checkpoint
+    else:
         chunks = list(reader.read_table(name, state, upto=lsn))
         outcome.base = write_base(reader.store, checkpoint.slot, name, chunks, lsn, commit_time, table.truncate)
         fault_point("retention-base")
@@ -184,9 +185,9 @@ def _fold_table(
     fault_point("retention-checkpoint")
     for stats in fold:
         reader.store.delete(stats.path)
+        fault_point("retention-delete")
         outcome.removed_segments += 1
         outcome.removed_bytes += stats.bytes
-    assert copy is not None
     _remove_superseded_copies(reader.store, name, copy)
     outcome.folded_lsn = folded.lsn
     return outcome, checkpoint

@@ -3,10 +3,12 @@ readers no longer need are folded into a compacted base and deleted (``docs/arch
 "Change-log retention").
 
 Per configured table, what its readers still need is the changes after :func:`needed_after`: its
-Delta table's applied LSN, or the consistent point of the copy it will start from. Whole batches
-of its segments, in log order, are folded while each holds only changes at or below that LSN and
-committed before the retention's cutoff; the first batch that is younger stops it, and the first
-that is old but still needed *holds* the rest (reported by :func:`holds` for ``status``).
+Delta table's applied LSN (the checkpoint once it has applied its last change), or the consistent
+point of the copy it will start from. Whole batches of its segments, in log order, are folded
+while each holds only changes at or below that LSN and committed before the retention's cutoff;
+the first batch that is younger stops it, and the first that is old but still needed *holds* the
+rest (:func:`table_hold`, for ``status``). When the table's latest copy does not already hold the
+folded changes, they are first folded into a new compacted base (:mod:`cdc_assets.compacted_base`).
 
 Crash safety — the order is always: the base (complete once its own checkpoint is written), then
 the log's checkpoint naming it, then the deletions. A kill before the checkpoint leaves an unused

@@ -390,6 +390,13 @@ def test_pipeline_config_loads_and_builds_the_code_location(
     defs = build_definitions(settings)
     dg.Definitions.validate_loadable(defs)
     keys = {"/".join(spec.key.path) for spec in defs.resolve_all_asset_specs()}
-    assert keys == {"cdc/changelog", "cdc/rebuild", "delta/public/orders", "history/public/orders"}
+    assert keys == {
+        "cdc/changelog",
+        "cdc/snapshot",
+        "cdc/rebuild",
+        "delta/public/orders",
+        "maintenance/public/orders",
+        "history/public/orders",
+    }
     assert defs.resolve_schedule_def("cdc_drain_schedule").cron_schedule == config.schedule.drain_cron
     assert {s.name for s in defs.sensors or []} == {"cdc_merge__public__orders"}

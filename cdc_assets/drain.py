@@ -19,7 +19,7 @@ import psycopg
 
 from cdc_assets.changelog.checkpoint import (
     Checkpoint,
-    read_checkpoint,
+    require_checkpoint,
     write_checkpoint,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -83,10 +83,6 @@ class DrainResult:
         return sum(self.changes.values())
 
 
-class NotSetUpError(CdcError):
-    """The change log has no checkpoint: ``cdc-assets setup`` has not run (or not finished)."""
-
-
 def drain(
     config: Config,
     *,
@@ -108,11 +104,7 @@ def drain(
         connect(source, purpose="drain") as conn,
         connect(source, purpose="catalog") as catalog_conn,
     ):
-        checkpoint = read_checkpoint(store)
-        if checkpoint is None:
-            raise NotSetUpError(
-                f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first"
-            )
+        checkpoint = require_checkpoint(store)
         if checkpoint.slot != source.slot:
             raise CdcError(
                 f"the change log at {config.changelog_path} belongs to slot {checkpoint.slot}, not {source.slot}"

@@ -76,6 +76,10 @@ class DecodeError(CdcError):
         )
 
 
+class NotSetUpError(CdcError):
+    """The change log has no checkpoint: ``cdc-assets setup`` has not run (or not finished)."""
+
+
 class SourceError(CdcError):
     """The source database failed or refused a request (connection, server settings, catalogs)."""
 

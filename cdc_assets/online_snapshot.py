@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from cdc_assets.changelog.checkpoint import read_checkpoint, write_checkpoint
+from cdc_assets.changelog.checkpoint import read_checkpoint, require_checkpoint, write_checkpoint
 from cdc_assets.changelog.layout import CHECKPOINT, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.snapshot_runs import (
@@ -107,8 +107,7 @@ def snapshot_tables(
     """Copy each of ``tables`` (configured, published) online, one after another."""
     selected = [config.table(t) for t in tables]
     store = LogStore(config.changelog_path)
-    if read_checkpoint(store) is None:
-        raise CdcError(f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first")
+    require_checkpoint(store)
     with connect(config.source, purpose="snapshot") as conn:
         published = published_tables(conn, config.source.publication)
     unpublished = [str(t.name) for t in selected if t.name not in published]
@@ -172,9 +171,7 @@ def tables_without_copy(config: Config, store: LogStore) -> list[TableConfig]:
     """The configured tables the log holds no copy of: not in the initial snapshot (the log's first
     batch, which starts at 0), no complete run (announced or about to be)."""
     reader = ChangeLogReader(store)
-    checkpoint = reader.checkpoint()
-    if checkpoint is None:
-        raise CdcError(f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first")
+    checkpoint = reader.require_checkpoint()
 
     def copied(table: str) -> bool:
         state = checkpoint.tables.get(table)

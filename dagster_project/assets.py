@@ -113,9 +113,7 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
     def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
         reader = ChangeLogReader(config.changelog_path)
-        checkpoint = reader.checkpoint()
-        if checkpoint is None:
-            raise CdcError(f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first")
+        checkpoint = reader.require_checkpoint()
         session = spark.session()
         result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
         context.log.info(result.summary())

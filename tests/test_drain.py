@@ -20,10 +20,11 @@ import pytest
 
 from cdc_assets import drain as drain_module
 from cdc_assets.changelog.writer import RELATION_KEY
-from cdc_assets.drain import DrainProgress, NotSetUpError
+from cdc_assets.drain import DrainProgress
 from cdc_assets.errors import (
     CdcError,
     DrainLockedError,
+    NotSetUpError,
     PublicationMissingError,
     SlotGapError,
     SlotInvalidatedError,

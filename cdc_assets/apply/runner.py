@@ -67,9 +67,7 @@ def apply_tables(
 ) -> list[TableApplied]:
     """Apply the change log to the Delta tables of ``tables`` (default: every configured table)."""
     reader = ChangeLogReader(config.changelog_path)
-    checkpoint = reader.checkpoint()
-    if checkpoint is None:
-        raise CdcError(f"the change log at {config.changelog_path} has no checkpoint: run `cdc-assets setup` first")
+    checkpoint = reader.require_checkpoint()
     selected = [config.table(t) for t in tables] if tables else list(config.tables)
     results = []
     for table in selected:

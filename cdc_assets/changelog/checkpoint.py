@@ -15,7 +15,7 @@ from typing import Any
 from cdc_assets.changelog.layout import CHECKPOINT
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
-from cdc_assets.errors import CdcError
+from cdc_assets.errors import CdcError, NotSetUpError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
 
@@ -152,6 +152,14 @@ def read_checkpoint(store: LogStore) -> Checkpoint | None:
         return Checkpoint.from_json(json.loads(raw))
     except (ValueError, KeyError, TypeError) as error:
         raise CdcError(f"checkpoint {store.path(CHECKPOINT)} is unreadable: {error}") from None
+
+
+def require_checkpoint(store: LogStore) -> Checkpoint:
+    """The current checkpoint; :class:`NotSetUpError` for a log that was never set up."""
+    checkpoint = read_checkpoint(store)
+    if checkpoint is None:
+        raise NotSetUpError(f"the change log at {store.root} has no checkpoint: run `cdc-assets setup` first")
+    return checkpoint
 
 
 def write_checkpoint(store: LogStore, checkpoint: Checkpoint) -> None:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from cdc_assets.changelog.checkpoint import Checkpoint, TableState, read_checkpoint
+from cdc_assets.changelog.checkpoint import Checkpoint, TableState, read_checkpoint, require_checkpoint
 from cdc_assets.changelog.encoding import from_storage
 from cdc_assets.changelog.layout import (
     MESSAGES,
@@ -57,6 +57,10 @@ class ChangeLogReader:
 
     def checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.store)
+
+    def require_checkpoint(self) -> Checkpoint:
+        """The checkpoint; :class:`~cdc_assets.errors.NotSetUpError` before setup."""
+        return require_checkpoint(self.store)
 
     def tables(self) -> list[str]:
         """Every table the log has records of."""

@@ -75,8 +75,9 @@ def check_parity(config: Config, table: TableConfig, spark: SparkSession) -> Par
         builder = ChangeRecordBuilder(relation, catalog)
         info = CommitInfo(0, exported.consistent_point, exported.consistent_point, 0)
         parts = []
-        for columns in snapshot.chunks(relation):
-            records = with_commit_columns(builder.snapshot(columns, np.arange(len(columns[0]))), info)
+        for columns in snapshot.chunks(relation, builder.binary_supported):
+            positions = np.arange(len(columns[0]))
+            records = with_commit_columns(builder.snapshot(columns, positions, builder.binary_supported), info)
             rows = latest_images([RecordChunk(relation, pa.Table.from_batches([records]))], relation)
             parts.append(_digest(_frame(spark, rows), table.row_filter))
     names = tuple(c.name for c in relation.columns)

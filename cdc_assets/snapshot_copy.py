@@ -1,8 +1,8 @@
 """Copying tables as of an exported snapshot into a change log: the initial snapshot (the log's
 first batch) and each online snapshot run (a run's own little log).
 
-Every value goes through its type's output function, as pgoutput's text mode sends it; the copy
-reads each table as PostgreSQL publishes it (``docs/architecture.md``, "The initial snapshot") with
+Every value arrives as pgoutput sends it, through its type's send or output function
+(:mod:`cdc_assets.source.binary_copy`); the copy reads each table as PostgreSQL publishes it (``docs/architecture.md``, "The initial snapshot") with
 ``source.snapshot_workers`` connections (:mod:`cdc_assets.source.parallel_copy`).
 """
 
@@ -48,22 +48,25 @@ def copy_snapshot(
     info = CommitInfo(xid=0, commit_lsn=lsn, end_lsn=lsn, commit_time_us=time.time_ns() // 1000)
     try:
         with ParallelCopy(config.source, snapshot_name, config.source.snapshot_workers) as copy:
-            plans = [copy.plan(table.name) for table in tables]
-            oids = [c.type_oid for plan in plans for c in plan.relation.columns]
+            relations = [copy.reader.describe(table.name) for table in tables]
+            oids = [c.type_oid for relation in relations for c in relation.columns]
             catalog = TypeCatalog.of(load_type_catalog(copy.reader.connection, oids))
-            builders = {plan.relation.qualified_name: ChangeRecordBuilder(plan.relation, catalog) for plan in plans}
+            builders = {r.qualified_name: ChangeRecordBuilder(r, catalog) for r in relations}
+            plans = [copy.plan(b.relation, b.binary_supported) for b in builders.values()]
             copied = dict.fromkeys(builders, 0)
             for plan in plans:  # each table's schema first: an empty table has nothing else
                 empty = [pa.array([], pa.binary()) for _ in plan.relation.columns]
                 builder = builders[plan.relation.qualified_name]
-                writer.records(plan.relation, with_commit_columns(builder.snapshot(empty, np.arange(0)), info))
-            for relation, columns in copy.run(plans):
-                name = relation.qualified_name
+                writer.records(
+                    plan.relation, with_commit_columns(builder.snapshot(empty, np.arange(0), plan.select.binary), info)
+                )
+            for plan, columns in copy.run(plans):
+                name = plan.relation.qualified_name
                 count = len(columns[0]) if columns else 0
                 records = builders[name].snapshot(
-                    columns, np.arange(copied[name], copied[name] + count, dtype=np.int64)
+                    columns, np.arange(copied[name], copied[name] + count, dtype=np.int64), plan.select.binary
                 )
-                writer.records(relation, with_commit_columns(records, info))
+                writer.records(plan.relation, with_commit_columns(records, info))
                 copied[name] += count
                 if progress is not None:
                     progress(name, copied[name])

@@ -1,5 +1,5 @@
-"""The initial snapshot in parallel (``cdc_assets/source/parallel_copy.py``, ``text_copy.py``)
-against real PostgreSQL: values byte for byte what pgoutput sends, tables split into ``ctid``
+"""The initial snapshot in parallel (``cdc_assets/source/parallel_copy.py``, ``binary_copy.py``)
+against real PostgreSQL: values converted exactly as what pgoutput sends, tables split into ``ctid``
 ranges copied by several workers equal to the source (inheritance and partitioned tables too),
 and a worker's error failing setup cleanly, with the table named, and setup rerunnable."""
 
@@ -15,43 +15,42 @@ import pytest
 
 from cdc_assets.config import SourceConfig, TableName, parse_config
 from cdc_assets.errors import ConfigError, SourcePermissionError
+from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.messages import InsertMessage
-from cdc_assets.source import connect, create_slot_with_snapshot
+from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.source import connect, create_slot_with_snapshot, load_type_catalog
 from cdc_assets.source.parallel_copy import RANGE_BLOCKS_MAX, RANGE_BLOCKS_MIN, BlockRange, ParallelCopy, block_ranges
 from cdc_assets.source.snapshot import SnapshotReader
 from tests.conftest import Database
+from tests.support.copied import sent_rows, typed_rows
 from tests.support.oracle import read_source_text
 from tests.support.peek import create_slot, peek_decoded, pgoutput_options
 from tests.support.pipeline import Pipeline, wait_until
 
-# Text that CSV must carry exactly: quotes, commas, line breaks inside values, backslashes, a
-# lone "\." (the end-of-data marker of text COPY), the empty string beside NULL, non-ASCII.
+# Values a copy must carry exactly: quotes, commas, line breaks inside values, backslashes, a lone
+# "\." (the end-of-data marker of text COPY), the empty string beside NULL, non-ASCII; arrays,
+# enums (binary) beside inet and a composite (text: no binary conversion).
 TRICKY = (
     "CREATE TYPE mood AS ENUM ('sad', 'happy');"
-    " CREATE TABLE tricky (id int PRIMARY KEY, t text, b bytea, arr text[], m mood[], j jsonb, c char(3));"
+    " CREATE TYPE pair AS (x int, y text);"
+    " CREATE TABLE tricky (id int PRIMARY KEY, t text, b bytea, arr text[], m mood[], j jsonb, c char(3),"
+    " ip inet, p pair);"
     " CREATE TABLE single (v text);"
     " CREATE PUBLICATION cdc_pub FOR TABLE tricky, single"
 )
 TRICKY_ROWS = (
     "INSERT INTO tricky VALUES"
-    " (1, 'plain', '\\x00ff', '{a,b}', '{sad}', '{\"k\": \"v\"}', 'ab'),"
-    " (2, 'line\nbreak', '\\x0a0d2c22', '{\"with,comma\",\"quote\\\"d\"}', '{happy,NULL}', '\"str\"', ''),"
-    " (3, 'cr\r\nlf and \"quotes\", commas', '', '{}', '{}', 'null', NULL),"
-    " (4, '', NULL, '{\"\",NULL}', NULL, '[]', ' x '),"
-    " (5, NULL, '\\x5c2e', NULL, '{}', NULL, NULL),"
-    " (6, E'\\\\.', '\\x', '{\"\\\\\\\\\"}', '{sad,happy}', '{\"a\\\\nb\": 1}', 'q\"'),"
-    " (7, 'tab\there \\ backslash', '\\x5c', '{\"line\nbreak\"}', '{}', '1', '\"'),"
-    " (8, 'ünïcødé ✓ 日本', convert_to('ü', 'UTF8'), '{ü}', '{}', '{\"ü\": \"✓\"}', 'ü'),"
-    " (9, ' leading and trailing ', NULL, '{\" \"}', '{}', '\"\"', '  ');"
+    " (1, 'plain', '\\x00ff', '{a,b}', '{sad}', '{\"k\": \"v\"}', 'ab', '10.0.0.1', ROW(1, 'a')),"
+    " (2, 'line\nbreak', '\\x0a0d2c22', '{\"with,comma\",\"quote\\\"d\"}', '{happy,NULL}', '\"str\"', '', '::1/128', ROW(NULL, NULL)),"
+    " (3, 'cr\r\nlf and \"quotes\", commas', '', '{}', '{}', 'null', NULL, NULL, ROW(2, 'x,\"y\"')),"
+    " (4, '', NULL, '{\"\",NULL}', NULL, '[]', ' x ', '192.168.0.0/16', NULL),"
+    " (5, NULL, '\\x5c2e', NULL, '{}', NULL, NULL, NULL, NULL),"
+    " (6, E'\\\\.', '\\x', '{\"\\\\\\\\\"}', '{sad,happy}', '{\"a\\\\nb\": 1}', 'q\"', '10.0.0.2', ROW(3, '')),"
+    " (7, 'tab\there \\ backslash', '\\x5c', '{\"line\nbreak\"}', '{}', '1', '\"', NULL, NULL),"
+    " (8, 'ünïcødé ✓ 日本', convert_to('ü', 'UTF8'), '{ü}', '{}', '{\"ü\": \"✓\"}', 'ü', NULL, ROW(4, 'ü')),"
+    " (9, ' leading and trailing ', NULL, '{\" \"}', '{}', '\"\"', '  ', NULL, NULL);"
     " INSERT INTO single VALUES (NULL), (''), ('\"'), (NULL), ('x'), (E'\\n')"
 )
-
-
-def _rows(chunks: list[list[pa.BinaryArray]]) -> list[tuple[bytes | None, ...]]:
-    return sorted(
-        (row for chunk in chunks for row in zip(*(column.to_pylist() for column in chunk))),
-        key=lambda row: [(v is None, v) for v in row],
-    )
 
 
 def test_block_ranges_cover_the_table_once() -> None:
@@ -67,10 +66,11 @@ def test_block_ranges_cover_the_table_once() -> None:
     assert BlockRange(None, None).condition == ""
 
 
-def test_copied_text_is_what_pgoutput_sends(pg: Database) -> None:
-    """Every value through the CSV copy — the parallel copy and ``SnapshotReader.chunks`` two rows
-    at a time, so blocks with and without line breaks in values are parsed — is byte for byte the
-    text pgoutput sends for the row and the text the oracle reads with a binary cursor."""
+def test_copied_values_are_what_pgoutput_sends(pg: Database) -> None:
+    """Every value through the copy — the parallel copy, and ``SnapshotReader.chunks`` two rows at
+    a time — converts to exactly the change record values of the text pgoutput sends for the row
+    and of the text the oracle reads with a binary cursor; columns whose type converts from binary
+    arrive in binary, the others (inet, a composite) as their output function's text."""
     pg.execute(TRICKY)
     source = SourceConfig(dsn=pg.dsn, slot=f"s_{pg.name}")
     with pg.connect(autocommit=True) as conn:
@@ -79,12 +79,16 @@ def test_copied_text_is_what_pgoutput_sends(pg: Database) -> None:
     tables = [TableName("public", "tricky"), TableName("public", "single")]
     with create_slot_with_snapshot(source) as snapshot:
         with ParallelCopy(source, snapshot.snapshot_name, workers=2) as copy:
-            plans = [copy.plan(table) for table in tables]
-            parallel: dict[str, list[list[pa.BinaryArray]]] = {str(t): [] for t in tables}
-            for relation, columns in copy.run(plans):
-                parallel[relation.qualified_name].append(columns)
+            relations = [copy.reader.describe(table) for table in tables]
+            oids = [c.type_oid for relation in relations for c in relation.columns]
+            catalog = TypeCatalog.of(load_type_catalog(copy.reader.connection, oids))
+            builders = {r.qualified_name: ChangeRecordBuilder(r, catalog) for r in relations}
+            plans = [copy.plan(b.relation, b.binary_supported) for b in builders.values()]
+            parallel: dict[str, list[list[pa.Array]]] = {str(t): [] for t in tables}
+            for plan, columns in copy.run(plans):
+                parallel[plan.relation.qualified_name].append(columns)
         with SnapshotReader(source, snapshot.snapshot_name, chunk_rows=2) as reader:
-            chunked = {str(t): list(reader.chunks(reader.describe(t))) for t in tables}
+            chunked = {name: list(reader.chunks(b.relation, b.binary_supported)) for name, b in builders.items()}
     with connect(source, purpose="test") as conn:
         options = pgoutput_options(pg.version, "cdc_pub")
         sent: dict[str, list[tuple[bytes | None, ...]]] = {str(t): [] for t in tables}
@@ -93,13 +97,15 @@ def test_copied_text_is_what_pgoutput_sends(pg: Database) -> None:
                 name = "public.tricky" if len(decoded.message.new_tuple.values) > 1 else "public.single"
                 sent[name].append(tuple(decoded.message.new_tuple.values))
         oracle = {str(t): read_source_text(conn, t).rows for t in tables}
+    assert builders["public.tricky"].binary_supported == (True,) * 7 + (False, False)
     assert [len(chunk[0]) for chunk in chunked["public.tricky"]] == [2, 2, 2, 2, 1]
-    for table in sent:
-        expected = _rows([[pa.array(column, pa.binary()) for column in zip(*sent[table])]])
-        assert _rows(parallel[table]) == expected, table
-        assert _rows(chunked[table]) == expected, table
-        assert _rows([[pa.array(column, pa.binary()) for column in zip(*oracle[table])]]) == expected, table
-    assert (None,) in sent["public.single"] and (b"",) in sent["public.single"]  # a NULL row is an empty line
+    for table, builder in builders.items():
+        expected = sent_rows(builder, sent[table])
+        assert typed_rows(builder, parallel[table], builder.binary_supported) == expected, table
+        assert typed_rows(builder, chunked[table], builder.binary_supported) == expected, table
+        assert sent_rows(builder, oracle[table]) == expected, table
+    assert (None,) in sent["public.single"] and (b"",) in sent["public.single"]  # NULL beside the empty string
+    assert len(sent["public.tricky"]) == 9
 
 
 WORKLOAD = (

@@ -66,6 +66,11 @@ class ChangeRecordBuilder:
         self._names = pa.array([c.name for c in relation.columns], pa.string())
         self.schema = record_schema(self.row_type)
 
+    @property
+    def binary_supported(self) -> tuple[bool, ...]:
+        """Per column, whether its values convert from binary format (else send them as text)."""
+        return tuple(converter.binary_supported for converter in self.converters)
+
     def changes(
         self, messages: Sequence[bytes], positions: np.ndarray, *, xid_prefixed: bool = False
     ) -> pa.RecordBatch:
@@ -98,10 +103,11 @@ class ChangeRecordBuilder:
             schema=self.schema,
         )
 
-    def snapshot(self, raw: Sequence[pa.BinaryArray], positions: np.ndarray) -> pa.RecordBatch:
-        """Records for snapshot rows given as text-format values, one raw array per column."""
+    def snapshot(self, raw: Sequence[pa.Array], positions: np.ndarray, binary: Sequence[bool]) -> pa.RecordBatch:
+        """Records for snapshot rows, one raw array per column whose values are all binary-format
+        (``binary[i]``) or all text-format."""
         count = len(positions)
-        converted = [self._convert(j, column, None) for j, column in enumerate(raw)]
+        converted = [self._convert(j, column, as_binary) for j, (column, as_binary) in enumerate(zip(raw, binary))]
         new = pa.StructArray.from_arrays([c.array for c in converted], fields=list(self.row_type))
         return pa.RecordBatch.from_arrays(
             [
@@ -146,12 +152,13 @@ class ChangeRecordBuilder:
         image = pa.StructArray.from_arrays([c.array for c in converted], fields=list(self.row_type), mask=mask)
         return image, [(c.name, conv) for c, conv in zip(self.relation.columns, converted)]
 
-    def _convert(self, index: int, raw: pa.BinaryArray, kinds: np.ndarray | None) -> ConvertedColumn:
-        """Column ``index``'s values (all text when ``kinds`` is None); errors name the column."""
+    def _convert(self, index: int, raw: pa.Array, kinds: np.ndarray | bool) -> ConvertedColumn:
+        """Column ``index``'s values, their format given per value (``kinds``) or for all (a bool);
+        errors name the column."""
         converter = self.converters[index]
         try:
-            if kinds is None:
-                return converter.convert(raw, binary=False)
+            if isinstance(kinds, bool):
+                return converter.convert(raw, binary=kinds)
             return _convert(converter, raw, kinds)
         except DecodeError as error:
             raise error.within(f"column {self.relation.qualified_name}.{self.relation.columns[index].name}") from None

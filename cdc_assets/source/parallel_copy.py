@@ -10,7 +10,7 @@ block count is that of the largest heap the copy reads: the table, or for a part
 leaf, one TID range scan each, with the root's privileges.
 
 Workers take tasks (largest first) from one queue; the caller's thread gets each block of rows as
-``(relation, columns)`` from :meth:`ParallelCopy.run`, so what it does with them (convert, write)
+``(plan, columns)`` from :meth:`ParallelCopy.run`, so what it does with them (convert, write)
 needs no locking. A worker's error stops the others and is raised in the caller's thread, naming
 the table.
 """
@@ -30,12 +30,12 @@ import psycopg
 import pyarrow as pa
 from psycopg import errors
 
-from cdc_assets.config import SourceConfig, TableName
-from cdc_assets.errors import SourceError, SourcePermissionError
+from cdc_assets.config import SourceConfig
+from cdc_assets.errors import DecodeError, SourceError, SourcePermissionError
 from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.source.binary_copy import CopySelect, read_columns
 from cdc_assets.source.connection import one_row
 from cdc_assets.source.snapshot import SnapshotReader, copy_source
-from cdc_assets.source.text_copy import copy_text_query, read_text_columns
 
 RANGE_BLOCKS_MIN = 256
 """Blocks (2 MiB of 8 kB pages) below which a range is not worth its own query."""
@@ -79,15 +79,17 @@ def block_ranges(blocks: int, workers: int) -> list[BlockRange]:
 
 @dataclass(slots=True, frozen=True)
 class TablePlan:
-    """How one table is copied: its published columns, what the copy reads, and the ranges."""
+    """How one table is copied: its published columns and how each is sent, what the copy reads,
+    and the ranges."""
 
     relation: RelationSchema
+    select: CopySelect
     source: str
     blocks: int
     ranges: tuple[BlockRange, ...]
 
     def query(self, block_range: BlockRange) -> str:
-        return copy_text_query(self.relation, self.source, block_range.condition)
+        return self.select.query(self.source, block_range.condition)
 
     def blocks_of(self, block_range: BlockRange) -> int:
         """The range's size in blocks (the open last range: up to the planned count)."""
@@ -141,20 +143,21 @@ class ParallelCopy:
             raise RuntimeError("ParallelCopy is not open (use it as a context manager)")
         return self._reader
 
-    def plan(self, table: TableName) -> TablePlan:
-        """The table's published columns as of the snapshot and its block ranges."""
+    def plan(self, relation: RelationSchema, binary: Sequence[bool]) -> TablePlan:
+        """How to copy ``relation`` (described by :attr:`reader`), its columns sent in binary where
+        ``binary`` says so (:class:`CopySelect`), and its block ranges."""
         conn = self.reader.connection
-        relation = self.reader.describe(table)
         (blocks,) = one_row(conn.execute(_HEAP_BLOCKS, {"oid": relation.relation_oid}))
         return TablePlan(
             relation,
-            copy_source(conn, table),
+            CopySelect.of(conn, relation, binary),
+            copy_source(conn, relation.table),
             int(blocks),
             tuple(block_ranges(int(blocks), self.workers)),
         )
 
-    def run(self, plans: Sequence[TablePlan]) -> Iterator[tuple[RelationSchema, list[pa.BinaryArray]]]:
-        """Every row of the planned tables, a block at a time, as ``(relation, columns)``; blocks
+    def run(self, plans: Sequence[TablePlan]) -> Iterator[tuple[TablePlan, list[pa.Array]]]:
+        """Every row of the planned tables, a block at a time, as ``(plan, columns)``; blocks
         of different tables and ranges interleave. Closing the iterator early stops the workers."""
         tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
         for task in sorted(
@@ -208,13 +211,13 @@ class ParallelCopy:
         conn: psycopg.Connection[Any], task: _Task, results: queue.Queue[Any], stop: threading.Event
     ) -> None:
         relation = task.plan.relation
-        blocks = read_text_columns(conn, task.plan.query(task.block_range), len(relation.columns))
+        blocks = read_columns(conn, task.plan.query(task.block_range), len(relation.columns))
         try:
             with closing(blocks):  # leaving early cancels the COPY
                 for columns in blocks:
                     if stop.is_set():
                         return
-                    results.put((relation, columns))
+                    results.put((task.plan, columns))
         except errors.InsufficientPrivilege as error:
             raise SourcePermissionError(
                 f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
@@ -223,3 +226,5 @@ class ParallelCopy:
             raise SourceError(
                 f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
             ) from None
+        except DecodeError as error:
+            raise SourceError(f"cannot copy table {relation.qualified_name}: {error}") from None

@@ -10,7 +10,7 @@ transaction opened around it sees a different moment, so it cannot replace this.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
@@ -24,10 +24,10 @@ from cdc_assets.config import SourceConfig, TableName, quote_identifier
 from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError
 from cdc_assets.lsn import parse_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.source.binary_copy import CopySelect, read_columns
 from cdc_assets.source.catalog import describe_table
 from cdc_assets.source.connection import apply_pinned_settings, connect, one_row, server_major
 from cdc_assets.source.publication import is_partitioned
-from cdc_assets.source.text_copy import copy_text_query, read_text_columns
 
 CHUNK_ROWS = 50_000
 
@@ -135,15 +135,15 @@ class SnapshotReader:
         """The table's published columns as of the snapshot."""
         return describe_table(self.connection, table, self._source.publication)
 
-    def chunks(self, relation: RelationSchema) -> Iterator[list[pa.BinaryArray]]:
-        """The table's rows as of the snapshot, ``chunk_rows`` at a time, one ``BinaryArray`` per
-        published column holding the text pgoutput sends for each value (null for NULL; see
-        :mod:`cdc_assets.source.text_copy`). Consume the iterator fully: stopping early cancels
-        the query and ends the transaction.
+    def chunks(self, relation: RelationSchema, binary: Sequence[bool]) -> Iterator[list[pa.Array]]:
+        """The table's rows as of the snapshot, ``chunk_rows`` at a time, one binary array per
+        published column holding what pgoutput sends for each value (null for NULL): in binary
+        format where ``binary`` says so, else as text (see :mod:`cdc_assets.source.binary_copy`).
+        Consume the iterator fully: stopping early cancels the query and ends the transaction.
         """
         conn = self.connection
-        query = copy_text_query(relation, copy_source(conn, relation.table))
-        yield from read_text_columns(
+        query = CopySelect.of(conn, relation, binary).query(copy_source(conn, relation.table))
+        yield from read_columns(
             conn, query, len(relation.columns), block_rows=self._chunk_rows, block_bytes=sys.maxsize
         )
 

@@ -16,8 +16,8 @@ import pyarrow.compute as pc
 from cdc_assets.pgoutput.values.base import ConvertedColumn, ScalarCodec
 from cdc_assets.pgoutput.values.raw import (
     RawColumn,
+    big_endian,
     binary_array,
-    gather,
     null_where,
     validity_buffer,
 )
@@ -113,15 +113,19 @@ class NumericSend:
     def parse(cls, col: RawColumn) -> NumericSend:
         col.check(col.lengths < 8, "numeric shorter than its 8-byte header")
         rows = np.flatnonzero(col.valid)
-        header = col.data[col.starts[rows, None] + np.arange(8)] if rows.size else np.zeros((0, 8), np.uint8)
-        ndigits, weight, sign, dscale = header.view(">i2").astype(np.int64).T
-        sign &= 0xFFFF
+        starts = col.starts[rows]
+        ndigits, weight, dscale = (big_endian(col.data, starts + at, 2) for at in (0, 2, 6))
+        sign = big_endian(col.data, starts + 4, 2, signed=False)
         bad = np.zeros(len(col), bool)
         bad[rows] = (ndigits < 0) | (col.lengths[rows] != 8 + 2 * ndigits)
         col.check(bad, "numeric length does not match its digit count")
         bad[rows] = (dscale < 0) | (dscale > _MAX_DSCALE) | ~np.isin(sign, [_POSITIVE, _NEGATIVE, *_SPECIAL_SIGNS])
         col.check(bad, "bad numeric sign or scale")
-        digits = gather(col.data, col.starts[rows] + 8, 2 * ndigits)[1].view(">u2").astype(np.int64)
+        first = np.cumsum(ndigits) - ndigits
+        at = np.repeat(starts + 8 - 2 * first, ndigits) + 2 * np.arange(
+            int(first[-1] + ndigits[-1]) if rows.size else 0
+        )
+        digits = big_endian(col.data, at, 2, signed=False)
         if (digits >= 10000).any():
             raise col.bad_value(int(np.repeat(rows, ndigits)[np.argmax(digits >= 10000)]), "numeric digit out of range")
         return cls(rows, ndigits, weight, sign, dscale, digits)

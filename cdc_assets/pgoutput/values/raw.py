@@ -183,6 +183,19 @@ def null_where(values: pa.Array, mask: np.ndarray) -> pa.Array:
     return pc.if_else(pa.array(mask), pa.scalar(None, values.type), values) if mask.any() else values
 
 
+def big_endian(data: np.ndarray, at: np.ndarray, width: int, *, signed: bool = True) -> np.ndarray:
+    """The big-endian integers of ``width`` (2 or 4) bytes at each of ``at``, as int32 (unsigned
+    4-byte values: int64), gathered a byte at a time (several times faster than gathering
+    ``width``-byte rows)."""
+    value: np.ndarray = data.take(at).astype(np.int64 if width == 4 and not signed else np.int32)
+    for byte in range(1, width):
+        value = (value << 8) | data.take(at + byte)  # int32 wraps: 4 bytes come out signed
+    if signed and width < 4:
+        sign = 1 << (8 * width - 1)
+        value = (value ^ sign) - sign
+    return value
+
+
 def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Concatenate ``data[starts[i]:starts[i]+lengths[i]]``: returns (offsets, bytes)."""
     offsets = np.zeros(len(lengths) + 1, np.int64)

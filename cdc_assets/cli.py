@@ -117,8 +117,13 @@ def _parser() -> argparse.ArgumentParser:
     apply.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
     maintain = command("maintain", "compact, purge deletion vectors and vacuum the Delta tables when due", _maintain)
     maintain.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
-    sync = command("sync", "drain, then apply", _sync)
+    sync = command("sync", "drain, then apply (and with --maintain, maintain)", _sync)
     sync.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
+    sync.add_argument(
+        "--maintain",
+        action="store_true",
+        help="then compact, purge and vacuum the Delta tables when due (one Spark start)",
+    )
     status = command("status", "slot position and lag, checkpoint, applied LSN per table", _status)
     status.add_argument("--json", action="store_true", help="print JSON")
     for extension in entry_points(group=COMMANDS_ENTRY_POINT):  # `demo`, from dagster_project
@@ -200,7 +205,7 @@ def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
     return 0
 
 
-def _apply(args: argparse.Namespace, config: Config | None = None) -> int:
+def _apply(args: argparse.Namespace, config: Config | None = None, spark: SparkSession | None = None) -> int:
     from cdc_assets.apply.runner import TableApplied, apply_tables
 
     config = config or _config(args)
@@ -208,7 +213,7 @@ def _apply(args: argparse.Namespace, config: Config | None = None) -> int:
     def show(result: TableApplied) -> None:
         print(result.summary())
 
-    apply_tables(config, _spark(config), getattr(args, "table", None), progress=show)
+    apply_tables(config, spark or _spark(config), getattr(args, "table", None), progress=show)
     return 0
 
 
@@ -223,22 +228,24 @@ def _spark(config: Config) -> SparkSession:
     return spark
 
 
-def _maintain(args: argparse.Namespace) -> int:
+def _maintain(args: argparse.Namespace, config: Config | None = None, spark: SparkSession | None = None) -> int:
     from cdc_assets.apply.maintenance import Maintained, maintain_tables
 
-    config = _config(args)
+    config = config or _config(args)
 
     def show(result: Maintained) -> None:
-        print(result.summary())
+        print(f"maintained {result.summary()}")
 
-    maintain_tables(config, _spark(config), args.table, progress=show)
+    maintain_tables(config, spark or _spark(config), getattr(args, "table", None), progress=show)
     return 0
 
 
 def _sync(args: argparse.Namespace) -> int:
     config = _config(args)
     _drain(args, config)
-    return _apply(args, config)
+    spark = _spark(config)
+    _apply(args, config, spark)
+    return _maintain(args, config, spark) if args.maintain else 0
 
 
 def _status(args: argparse.Namespace) -> int:

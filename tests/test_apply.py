@@ -606,8 +606,9 @@ def test_column_types(mirror_of) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-untyped-def]
-    """``cdc-assets sync`` drains and applies every table, ``cdc-assets apply --table T`` only T;
-    each prints a summary per table (its own Spark session, in a subprocess)."""
+    """``cdc-assets sync`` drains and applies every table, ``cdc-assets apply --table T`` only T,
+    ``sync --maintain`` then maintains them; each prints a summary per table (its own Spark
+    session, in a subprocess)."""
     mirror = mirror_of(
         {"public.ca": {}, "public.cb": {}},
         "CREATE TABLE ca (id int PRIMARY KEY, v text)",
@@ -639,7 +640,19 @@ def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-unt
     ], done.stdout
     assert mirror.applied("public.cb") == checkpoint < mirror.applied("public.ca")  # cb was left alone
     mirror.check("public.ca")
-    mirror.apply(["public.cb"])
+
+    # `sync --maintain`: cb applied, then a maintenance line per table from the same run.
+    done = mirror.cli("sync", "--maintain")
+    assert done.returncode == 0, done.stderr
+    assert [line.split(":")[0] for line in done.stdout.splitlines() if line.startswith("public.")] == [
+        "public.ca",
+        "public.cb",
+    ]
+    maintained = [line for line in done.stdout.splitlines() if line.startswith("maintained ")]
+    assert [line.split(":")[0] for line in maintained] == ["maintained public.ca", "maintained public.cb"], done.stdout
+    assert done.stderr.count("starting Spark") == 1, done.stderr
+    assert mirror.applied("public.cb") == mirror.applied("public.ca") == mirror.checkpoint_lsn()
+    mirror.check("public.ca")
     mirror.check("public.cb")
 
 

@@ -1,7 +1,14 @@
-"""Crash variant of the differential test: ``cdc-assets sync`` SIGKILLed again and again while a
-random workload keeps writing; then one sync to completion, and every Delta table must equal its
-source and record the checkpoint as its applied LSN (docs/architecture.md, "Invariants", requires ≥ 20 kill points,
-0 mismatches, both readers agree).
+"""Crash variant of the differential test: ``cdc-assets sync --maintain`` SIGKILLed again and again
+while a random workload keeps writing, with change-log retention and Delta maintenance due all the
+time; then one sync to completion, and every Delta table must equal its source and record the
+checkpoint as its applied LSN, and so must every table rebuilt from the compacted change log
+(docs/architecture.md, "Invariants", requires ≥ 20 kill points, 0 mismatches, both readers agree).
+
+* Retention and maintenance: ``changelog.retention_hours: 0`` folds every segment all tables have
+  applied into the tables' compacted bases at the end of each drain, and the maintenance
+  thresholds (``compact_min_files: 2``, ``purge_min_deletion_vectors: 1``) make OPTIMIZE and the
+  deletion-vector purge due after almost every merge; VACUUM runs each time (it deletes nothing:
+  Delta's retention check keeps files a week).
 
 * The source: one schema with the workload's eight tables (``tests/support/workload.py``: types,
   TOAST, cascades, REPLICA IDENTITY FULL / USING INDEX, keyless, row filter, truncates, prepared
@@ -16,7 +23,9 @@ source and record the checkpoint as its applied LSN (docs/architecture.md, "Inva
   ``spark-start``  after the drain's summary line, 0–15 s later (Spark takes 15–30 s to start
                    here, so this lands in the JVM start or in the first merge);
   ``merge``        after ``k`` (0–3) per-table summary lines — ``k = 0``: after the first new
-                   file appears in the warehouse — then 0–4 s later.
+                   file appears in the warehouse — then 0–4 s later;
+  ``maintain``     after every table's apply line and ``k`` (0–3) maintenance lines, then 0–3 s
+                   later (OPTIMIZE, REORG … APPLY (PURGE) or VACUUM of a table).
 
   The phase a kill actually hit is read off the evidence at the moment of the kill (lock,
   output lines, new files in the warehouse). The table order in the configuration is shuffled
@@ -28,7 +37,9 @@ source and record the checkpoint as its applied LSN (docs/architecture.md, "Inva
   that touches every table (so every table has something to apply); one final sync runs through
   the library API on the shared Spark session; then the comparison of
   ``tests/test_apply_differential.py`` (both readers, ``tests/support/parity.py``) and, per table,
-  delta-rs ``transaction_version("cdc_assets:<slot>:<schema.table>")`` = the checkpoint LSN.
+  delta-rs ``transaction_version("cdc_assets:<slot>:<schema.table>")`` = the checkpoint LSN; then
+  every table is rebuilt from the change log (its compacted base and what followed) and compared
+  again.
 
 Attempts go on until ``CDC_CRASH_KILLS`` kills (default 20) have hit a phase, every phase at
 least once — an attempt that completes or lands before the drain does not count — bounded by
@@ -54,9 +65,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc_assets.apply.runner import apply_tables
+from cdc_assets.apply.runner import apply_tables, rebuild_table
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, load_config
 from cdc_assets.drain import drain
@@ -77,7 +89,8 @@ SLOT = "crash_slot"
 SCHEMA = "crash"
 DSN_VARIABLE = "CDC_SOURCE_DSN"
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("drain", "spark-start", "merge")
+PHASES = ("drain", "spark-start", "merge", "maintain")
+MAINTENANCE = {"compact_min_files": 2, "purge_min_deletion_vectors": 1}
 SPARK_CONF = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
@@ -89,7 +102,14 @@ SPARK_CONF = {
 
 def write_crash_config(folder: Path, tables: list[str]) -> Path:
     source = {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000}
-    return write_workload_config(folder, source, tables, spark={"master": "local[2]", "conf": SPARK_CONF})
+    return write_workload_config(
+        folder,
+        source,
+        tables,
+        changelog={"path": "./changelog", "retention_hours": 0},
+        warehouse={"path": "./warehouse", "maintenance": MAINTENANCE},
+        spark={"master": "local[2]", "conf": SPARK_CONF},
+    )
 
 
 class Writer(threading.Thread):
@@ -143,7 +163,7 @@ class Attempt:
         env = {k: v for k, v in os.environ.items() if k not in ("CDC_ASSETS_FAULT", "CDC_CONFIG")}
         env.update({DSN_VARIABLE: dsn, "PYTHONUNBUFFERED": "1"})
         process = subprocess.Popen(
-            [sys.executable, "-m", "cdc_assets", "sync", "--wait", "-c", str(config)],
+            [sys.executable, "-m", "cdc_assets", "sync", "--wait", "--maintain", "-c", str(config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -160,7 +180,10 @@ class Attempt:
         return any(line.startswith("drained ") for _, line in self.stdout)
 
     def tables_done(self) -> int:
-        return sum(1 for _, line in self.stdout if " applied LSN " in line)
+        return sum(1 for _, line in self.stdout if " applied LSN " in line and not line.startswith("maintained "))
+
+    def tables_maintained(self) -> int:
+        return sum(1 for _, line in self.stdout if line.startswith("maintained "))
 
     def running(self) -> bool:
         return self.process.poll() is None
@@ -249,7 +272,7 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
     kills: list[Kill] = []
     completed = 0
     applied_before: dict[str, int] = {}
-    hits: dict[str, int] = dict.fromkeys(PHASES, 0)  # kills that hit the drain, the Spark start or the merges
+    hits: dict[str, int] = dict.fromkeys(PHASES, 0)  # kills that hit the drain, Spark's start, merges, maintenance
     deadline = started + DEADLINE_S
     try:
         while (target := _next_target(hits, rng)) is not None:
@@ -264,11 +287,14 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
             if target == "drain":  # a backlog that takes the drain seconds, not a fraction of one
                 monitor.execute(BACKLOG.format(table=f"{SCHEMA}.events"))
             attempt = Attempt.start(config_path, pg.dsn)
-            fired = _wait_for_target(attempt, target, monitor, warehouse, wall, rng)
+            fired = _wait_for_target(attempt, target, monitor, warehouse, wall, rng, len(order))
             if fired:
-                delay = {"drain": rng.uniform(0, 0.2), "spark-start": rng.uniform(0, 15), "merge": rng.uniform(0, 4)}[
-                    target
-                ]
+                delay = {
+                    "drain": rng.uniform(0, 0.2),
+                    "spark-start": rng.uniform(0, 15),
+                    "merge": rng.uniform(0, 4),
+                    "maintain": rng.uniform(0, 3),
+                }[target]
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     attempt.process.wait(timeout=delay)  # the random delay is the experiment
             if not attempt.running():
@@ -277,7 +303,7 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
                 completed += 1
                 print(f"\nattempt aiming at {target}: the sync completed before its kill point", flush=True)
                 continue
-            phase, detail = _phase(attempt, monitor, warehouse, wall, len(order))
+            phase, detail = _phase(attempt, monitor, warehouse, len(order), wall)
             attempt.kill()
             kills.append(Kill(target, phase, time.monotonic() - attempt.started, detail))
             if phase in PHASES:
@@ -294,11 +320,18 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
         writer.stop()
     workload.finish()
     workload.touch_all()
-    # The final sync, to completion, on the shared Spark session.
+    # The final sync, to completion, on the shared Spark session; then every table rebuilt from the
+    # compacted change log.
     with fast_spark(spark):
         drained = drain(config, wait=True)
         results = apply_tables(config, spark)
         parity = compare_all(config, pg.dsn, spark)
+        assert not report(parity), report(parity)
+        reader = ChangeLogReader(config.changelog_path)
+        folded = sum(bool(state.folded) for state in reader.require_checkpoint().tables.values())
+        for table in config.tables:
+            rebuild_table(config, table, spark, reader)
+        rebuilt = compare_all(config, pg.dsn, spark)
     workload.close()
     checkpoint = read_checkpoint(LogStore(config.changelog_path))
     assert checkpoint is not None
@@ -316,7 +349,8 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
     )
     for result in results:
         print(f"  {result.summary()}")
-    assert not report(parity), report(parity)
+    assert not report(rebuilt), f"rebuilt from the compacted change log:\n{report(rebuilt)}"
+    assert folded, "retention folded no table's segments into a base"
     wrong = {t: (format_lsn(v) if v is not None else None) for t, v in lsns.items() if v != checkpoint.lsn}
     assert not wrong, f"applied LSN differs from the checkpoint {format_lsn(checkpoint.lsn)}: {wrong}"
     assert sum(hits.values()) >= KILLS and all(hits.values()), f"kills by phase: {hits}"
@@ -335,13 +369,22 @@ def _next_target(hits: dict[str, int], rng: random.Random) -> str | None:
 
 
 def _wait_for_target(
-    attempt: Attempt, target: str, monitor: psycopg.Connection[Any], warehouse: Path, wall: float, rng: random.Random
+    attempt: Attempt,
+    target: str,
+    monitor: psycopg.Connection[Any],
+    warehouse: Path,
+    wall: float,
+    rng: random.Random,
+    tables: int,
 ) -> bool:
     """Wait until the attempt reaches its target phase; False if it ended first."""
     if target == "drain":
         condition = lambda: lock_granted(monitor) or attempt.drained()  # noqa: E731
     elif target == "spark-start":
         condition = attempt.drained
+    elif target == "maintain":
+        k = rng.randint(0, 3)
+        condition = lambda: attempt.tables_done() >= tables and attempt.tables_maintained() >= k  # noqa: E731
     else:
         k = rng.randint(0, 3)
         if k == 0:
@@ -354,12 +397,14 @@ def _wait_for_target(
 
 
 def _phase(
-    attempt: Attempt, monitor: psycopg.Connection[Any], warehouse: Path, wall: float, tables: int
+    attempt: Attempt, monitor: psycopg.Connection[Any], warehouse: Path, tables: int, wall: float
 ) -> tuple[str, str]:
     """What the sync is doing right now, from the evidence."""
     if not attempt.drained():
         return ("drain", "drain lock held") if lock_granted(monitor) else ("start-up", "before the drain lock")
     done = attempt.tables_done()
+    if done >= tables:
+        return "maintain", f"{attempt.tables_maintained()}/{tables} tables maintained"
     written = files_since(warehouse, wall)
     if done == 0 and written == 0:
         return "spark-start", "drained; no table written yet"

@@ -72,7 +72,7 @@ def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
     after = table_files(path)
     assert after.files < before.files and after.deletion_vectors == 0 and after.version > before.version, after
     assert done.stdout.splitlines() == [
-        f"{TABLE}: OPTIMIZE, VACUUM (0 files deleted); files {before.files} → {after.files}, deletion vectors"
+        f"maintained {TABLE}: OPTIMIZE, VACUUM (0 files deleted); files {before.files} → {after.files}, deletion vectors"
         f" {before.deletion_vectors} → 0, {before.bytes / 1e6:,.1f} → {after.bytes / 1e6:,.1f} MB,"
         f" Delta version {before.version} → {after.version}; applied LSN {format_lsn(lsn)} ("
         + done.stdout.rsplit("(", 1)[-1].rstrip("\n")

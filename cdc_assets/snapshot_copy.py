@@ -2,8 +2,9 @@
 first batch) and each online snapshot run (a run's own little log).
 
 Every value arrives as pgoutput sends it, through its type's send or output function
-(:mod:`cdc_assets.source.binary_copy`); the copy reads each table as PostgreSQL publishes it (``docs/architecture.md``, "The initial snapshot") with
-``source.snapshot_workers`` connections (:mod:`cdc_assets.source.parallel_copy`).
+(:mod:`cdc_assets.source.binary_copy`); the copy reads each table as PostgreSQL publishes it
+(``docs/architecture.md``, "The initial snapshot") with ``source.snapshot_workers`` connections
+(:mod:`cdc_assets.source.parallel_copy`).
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ initial snapshot").
 The binary COPY format: an 11-byte signature, an int32 of flags and an int32 extension length
 (and the extension) once; then per row an int16 field count and per field an int32 length (-1 for
 NULL) and that many bytes; finally the int16 -1. PostgreSQL sends one CopyData message per row,
-the header with the first (or with the trailer, when there is none) and the trailer alone. Rows are taken from libpq one call each and kept
-as they came; a block of them is split into columns with numpy, every row at once, one field after
-the other.
+the header with the first (or with the trailer, when there is none) and the trailer alone. Rows
+are taken from libpq one call each and kept as they came; a block of them is split into columns
+with numpy, every row at once, one field after the other.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from psycopg import pq
 from cdc_assets.config import quote_identifier
 from cdc_assets.errors import DecodeError
 from cdc_assets.pgoutput.schema import RelationSchema
-from cdc_assets.pgoutput.values.raw import big_endian
+from cdc_assets.pgoutput.values.raw import big_endian, validity_buffer
 
 BLOCK_BYTES = 4 << 20
 """Bytes split at a time when no row count is asked for (plus the row that crosses it)."""
@@ -211,14 +211,7 @@ def split_rows(block: bytes | bytearray, sizes: Sequence[int], columns: int) -> 
         between = pa.Array.from_buffers(array_type, len(bounds) - 1, [None, pa.py_buffer(bounds), buffer])
         values = between.take(even)
         valid = size >= 0
-        if not valid.all():
-            values = pa.Array.from_buffers(
-                array_type,
-                len(lengths),
-                [pa.py_buffer(np.packbits(valid, bitorder="little")), *values.buffers()[1:]],
-                null_count=int(len(lengths) - valid.sum()),
-            )
-        split.append(values)
+        split.append(pa.Array.from_buffers(array_type, len(lengths), [validity_buffer(valid), *values.buffers()[1:]]))
     _check_fits(position, ends, "the row's end", exact=True)
     return split
 

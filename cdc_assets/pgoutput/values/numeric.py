@@ -122,9 +122,7 @@ class NumericSend:
         bad[rows] = (dscale < 0) | (dscale > _MAX_DSCALE) | ~np.isin(sign, [_POSITIVE, _NEGATIVE, *_SPECIAL_SIGNS])
         col.check(bad, "bad numeric sign or scale")
         first = np.cumsum(ndigits) - ndigits
-        at = np.repeat(starts + 8 - 2 * first, ndigits) + 2 * np.arange(
-            int(first[-1] + ndigits[-1]) if rows.size else 0
-        )
+        at = np.repeat(starts + 8 - 2 * first, ndigits) + 2 * np.arange(int(ndigits.sum()))
         digits = big_endian(col.data, at, 2, signed=False)
         if (digits >= 10000).any():
             raise col.bad_value(int(np.repeat(rows, ndigits)[np.argmax(digits >= 10000)]), "numeric digit out of range")

@@ -100,6 +100,12 @@ class PublicationMismatchError(SourceError):
     """The publication exists but does not publish every configured table."""
 
 
+class TableRewrittenError(SourceError):
+    """A table was truncated or rewritten (TRUNCATE, VACUUM FULL, CLUSTER, a rewriting ALTER TABLE)
+    after a copy's snapshot was taken and before the copy locked it. Those commands are not
+    MVCC-safe: the snapshot would read the table as empty, so the copy must start again."""
+
+
 class SlotMissingError(SourceError):
     """The configured replication slot does not exist."""
 

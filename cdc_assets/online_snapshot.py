@@ -41,8 +41,14 @@ from cdc_assets.config import Config, TableConfig, TableName
 from cdc_assets.errors import CdcError
 from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn, parse_lsn
-from cdc_assets.snapshot_copy import copy_snapshot
-from cdc_assets.source import TableCopyLock, connect, create_slot_with_snapshot, published_tables
+from cdc_assets.snapshot_copy import CopiedSnapshot, copy_snapshot
+from cdc_assets.source import (
+    TableCopyLock,
+    connect,
+    copy_again_when_rewritten,
+    create_slot_with_snapshot,
+    published_tables,
+)
 from cdc_assets.source.connection import one_row
 
 MAX_SLOT_NAME = 63
@@ -137,17 +143,14 @@ def copy_table(
             if progress is not None:
                 progress(CopyProgress(name, rows, chunks, estimated, time.monotonic() - started))
 
-        temporary = replace(config.source, slot=_temporary_slot(config.source.slot))
-        with create_slot_with_snapshot(temporary, temporary=True) as exported:
-            run = new_run_id(exported.consistent_point)
-            copy = run_store(store, name, run)
-            copied = copy_snapshot(config, copy, exported.snapshot_name, exported.consistent_point, [table], counted)
+        run, consistent_point, copied = _copy_run(config, store, table, counted)
+        copy = run_store(store, name, run)
         write_checkpoint(copy, copied.checkpoint)  # the run is complete
         fault_point("copy-complete")
         if progress is not None:
             progress(CopyProgress(name, copied.rows[name], chunks, estimated, time.monotonic() - started, read=True))
         relation = copied.checkpoint.tables[name].relation
-        announcement = SnapshotRunAnnouncement(name, run, exported.consistent_point, relation)
+        announcement = SnapshotRunAnnouncement(name, run, consistent_point, relation)
         with connect(config.source, purpose="snapshot") as conn:
             (lsn,) = one_row(
                 conn.execute(
@@ -159,12 +162,32 @@ def copy_table(
     return TableCopied(
         name,
         run,
-        exported.consistent_point,
+        consistent_point,
         parse_lsn(lsn),
         copied.rows[name],
         chunks,
         time.monotonic() - started,
     )
+
+
+def _copy_run(
+    config: Config, store: LogStore, table: TableConfig, progress: Callable[[str, int], None]
+) -> tuple[str, int, CopiedSnapshot]:
+    """Copy ``table`` into a new run as of a new temporary slot's snapshot: the run, its consistent
+    point and the copy. A table found truncated or rewritten after the snapshot is copied again from
+    a new one, the abandoned run deleted (the caller holds the table's copy lock)."""
+    name = str(table.name)
+    temporary = replace(config.source, slot=_temporary_slot(config.source.slot))
+    runs: list[str] = []
+
+    def attempt() -> tuple[str, int, CopiedSnapshot]:
+        with create_slot_with_snapshot(temporary, temporary=True) as exported:
+            runs.append(new_run_id(exported.consistent_point))
+            copy = run_store(store, name, runs[-1])
+            copied = copy_snapshot(config, copy, exported.snapshot_name, exported.consistent_point, [table], progress)
+        return runs[-1], exported.consistent_point, copied
+
+    return copy_again_when_rewritten(attempt, lambda: store.delete_folder(f"{runs_folder(name)}/{runs[-1]}"))
 
 
 def tables_without_copy(config: Config, store: LogStore) -> list[TableConfig]:

@@ -37,7 +37,7 @@ from cdc_assets.config import Config, TableConfig
 from cdc_assets.drain import drain
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.types import TypeCatalog
-from cdc_assets.source import SnapshotReader, create_slot_with_snapshot, load_type_catalog
+from cdc_assets.source import SnapshotReader, copy_again_when_rewritten, create_slot_with_snapshot, load_type_catalog
 from cdc_assets.transactions import CommitInfo, with_commit_columns
 
 
@@ -65,6 +65,20 @@ class Parity:
 
 def check_parity(config: Config, table: TableConfig, spark: SparkSession) -> Parity:
     """Compare ``table``'s Delta table with its source at one point (see the module docstring)."""
+    snapshot_lsn, names, source = copy_again_when_rewritten(lambda: _source_digest(config, table, spark), lambda: None)
+    drain(config, wait=True, upto_lsn=snapshot_lsn)
+    reader = ChangeLogReader(config.changelog_path)
+    checkpoint = reader.checkpoint()
+    assert checkpoint is not None  # drain refuses a log that was never set up
+    apply_table(config, table, spark, reader, checkpoint.lsn)
+    target = delta_target(config, table, spark)
+    delta = _digest(target.read().select(*[F.col(_q(n)) for n in names]), None) if target.exists() else Digest(0, 0)
+    return Parity(str(table.name), snapshot_lsn, target.applied_lsn(), source, delta, names)
+
+
+def _source_digest(config: Config, table: TableConfig, spark: SparkSession) -> tuple[int, tuple[str, ...], Digest]:
+    """The source table's digest as of a new temporary slot's snapshot: the slot's consistent
+    point, the published columns, the digest."""
     probe = replace(config.source, slot=f"cdc_check_{os.getpid()}_{secrets.token_hex(3)}", two_phase=False)
     with (
         create_slot_with_snapshot(probe, temporary=True) as exported,
@@ -81,15 +95,8 @@ def check_parity(config: Config, table: TableConfig, spark: SparkSession) -> Par
             rows = latest_images([RecordChunk(relation, pa.Table.from_batches([records]))], relation)
             parts.append(_digest(_frame(spark, rows), table.row_filter))
     names = tuple(c.name for c in relation.columns)
-    source = Digest(sum(p.rows for p in parts), sum(p.checksum for p in parts))
-    drain(config, wait=True, upto_lsn=exported.consistent_point)
-    reader = ChangeLogReader(config.changelog_path)
-    checkpoint = reader.checkpoint()
-    assert checkpoint is not None  # drain refuses a log that was never set up
-    apply_table(config, table, spark, reader, checkpoint.lsn)
-    target = delta_target(config, table, spark)
-    delta = _digest(target.read().select(*[F.col(_q(n)) for n in names]), None) if target.exists() else Digest(0, 0)
-    return Parity(str(table.name), exported.consistent_point, target.applied_lsn(), source, delta, names)
+    digest = Digest(sum(p.rows for p in parts), sum(p.checksum for p in parts))
+    return exported.consistent_point, names, digest
 
 
 def _frame(spark: SparkSession, rows: pa.Table) -> DataFrame:

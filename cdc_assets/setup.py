@@ -33,11 +33,12 @@ from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotMissingError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.online_snapshot import CopyProgress, TableCopied, copy_table, tables_without_copy
-from cdc_assets.snapshot_copy import copy_snapshot
+from cdc_assets.snapshot_copy import CopiedSnapshot, copy_snapshot
 from cdc_assets.source import (
     DrainLock,
     check_source,
     connect,
+    copy_again_when_rewritten,
     create_slot_with_snapshot,
     drop_slot,
     ensure_publication,
@@ -128,13 +129,20 @@ def _create_slot_and_copy(
         drop_slot(conn, source.slot)  # left by a setup that died before its checkpoint
     store.replace(SETUP_MARKER, json.dumps({"slot": source.slot}).encode())
     ChangeLogReader(store).remove_stale()
-    with create_slot_with_snapshot(source) as exported:
-        result.created_slot = True
-        result.snapshot_lsn = exported.consistent_point
-        copied = copy_snapshot(
-            config, store, exported.snapshot_name, exported.consistent_point, config.tables, progress
-        )
-        result.rows.update(copied.rows)
-        checkpoint = copied.checkpoint
-    write_checkpoint(store, checkpoint)
+
+    def attempt() -> CopiedSnapshot:
+        with create_slot_with_snapshot(source) as exported:
+            result.snapshot_lsn = exported.consistent_point
+            return copy_snapshot(
+                config, store, exported.snapshot_name, exported.consistent_point, config.tables, progress
+            )
+
+    def clean() -> None:  # the slot whose snapshot a truncated table cannot be read in, and its files
+        drop_slot(conn, source.slot)
+        ChangeLogReader(store).remove_stale()
+
+    copied = copy_again_when_rewritten(attempt, clean)
+    result.created_slot = True
+    result.rows.update(copied.rows)
+    write_checkpoint(store, copied.checkpoint)
     store.delete(SETUP_MARKER)

@@ -36,6 +36,7 @@ from cdc_assets.source.slots import SlotState, drop_slot, read_slot, require_usa
 from cdc_assets.source.snapshot import (
     ExportedSnapshot,
     SnapshotReader,
+    copy_again_when_rewritten,
     create_slot_command,
     create_slot_with_snapshot,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "check_source",
     "column_ndims",
     "connect",
+    "copy_again_when_rewritten",
     "create_slot_command",
     "create_slot_with_snapshot",
     "describe_table",

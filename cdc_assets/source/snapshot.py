@@ -9,19 +9,20 @@ transaction opened around it sees a different moment, so it cannot replace this.
 
 from __future__ import annotations
 
+import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pyarrow as pa
 from psycopg import errors, sql
 
 from cdc_assets.config import SourceConfig, TableName, quote_identifier
-from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError
+from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError, TableRewrittenError
 from cdc_assets.lsn import parse_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.binary_copy import CopySelect, read_columns
@@ -30,6 +31,18 @@ from cdc_assets.source.connection import apply_pinned_settings, connect, one_row
 from cdc_assets.source.publication import is_partitioned
 
 CHUNK_ROWS = 50_000
+REWRITE_ATTEMPTS = 5
+"""Snapshots a copy takes at most while the tables it copies are found truncated or rewritten."""
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# The heaps a copy of the table reads (the table, or a partitioned table's leaves) whose file is no
+# longer the one the snapshot's catalog names: a TRUNCATE or rewrite committed after the snapshot.
+_REWRITTEN = """
+SELECT c.oid::regclass::text FROM pg_class c
+WHERE c.oid = ANY (array_append(ARRAY(SELECT relid FROM pg_partition_tree(%(oid)s::oid) WHERE isleaf), %(oid)s::oid))
+  AND c.relkind <> 'p' AND c.relfilenode IS DISTINCT FROM pg_relation_filenode(c.oid)"""
 
 
 @dataclass(slots=True, frozen=True)
@@ -135,6 +148,28 @@ class SnapshotReader:
         """The table's published columns as of the snapshot."""
         return describe_table(self.connection, table, self._source.publication)
 
+    def lock(self, relation: RelationSchema) -> str:
+        """Lock what a copy of ``relation`` reads (:func:`copy_source`) for the rest of the
+        transaction and return it. ACCESS SHARE: no TRUNCATE or table rewrite commits until the
+        copy ends. One that committed after the snapshot and before the lock makes the snapshot
+        read the table as empty (those commands are not MVCC-safe): :class:`TableRewrittenError`."""
+        conn = self.connection
+        source = copy_source(conn, relation.table)
+        try:
+            conn.execute(f"LOCK TABLE {source} IN ACCESS SHARE MODE")
+            rewritten = [name for (name,) in conn.execute(_REWRITTEN, {"oid": relation.relation_oid})]
+        except errors.InsufficientPrivilege as error:
+            raise SourcePermissionError(
+                f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
+            ) from None
+        if rewritten:
+            raise TableRewrittenError(
+                f"table {relation.qualified_name} ({', '.join(rewritten)}) was truncated or rewritten (TRUNCATE,"
+                f" VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) after the snapshot of slot {self._source.slot}"
+                " was taken and before the copy locked it: the snapshot no longer sees its rows"
+            )
+        return source
+
     def chunks(self, relation: RelationSchema, binary: Sequence[bool]) -> Iterator[list[pa.Array]]:
         """The table's rows as of the snapshot, ``chunk_rows`` at a time, one binary array per
         published column holding what pgoutput sends for each value (null for NULL): in binary
@@ -142,7 +177,7 @@ class SnapshotReader:
         Consume the iterator fully: stopping early cancels the query and ends the transaction.
         """
         conn = self.connection
-        query = CopySelect.of(conn, relation, binary).query(copy_source(conn, relation.table))
+        query = CopySelect.of(conn, relation, binary).query(self.lock(relation))
         yield from read_columns(
             conn, query, len(relation.columns), block_rows=self._chunk_rows, block_bytes=sys.maxsize
         )
@@ -157,3 +192,23 @@ def copy_source(conn: psycopg.Connection[Any], table: TableName) -> str:
     every leaf's changes arrive under it (the publication check refuses the other cases).
     """
     return table.sql if is_partitioned(conn, table) else f"ONLY {table.sql}"
+
+
+def copy_again_when_rewritten(
+    copy: Callable[[], T], clean: Callable[[], None], *, attempts: int = REWRITE_ATTEMPTS
+) -> T:
+    """``copy()`` — which takes a snapshot and copies as of it — again with a new snapshot while it
+    raises :class:`TableRewrittenError`, calling ``clean()`` in between; at most ``attempts`` times."""
+    for attempt in range(1, attempts):
+        try:
+            return copy()
+        except TableRewrittenError as error:
+            log.warning("%s; copying again from a new snapshot (%d of %d)", error, attempt + 1, attempts)
+            clean()
+    try:
+        return copy()
+    except TableRewrittenError as error:
+        raise TableRewrittenError(
+            f"{error}; gave up after {attempts} snapshots (a table truncated or rewritten that often cannot"
+            " be copied: pause what truncates it, then run again)"
+        ) from None

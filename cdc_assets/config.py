@@ -17,13 +17,16 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import ConfigError
+from cdc_assets.storage import StorageConfig
 
 CONFIG_ENV = "CDC_CONFIG"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _IDENTIFIER_PART = r'(?:"(?:[^"]|"")+"|[^".]+)'
 _QUALIFIED = re.compile(rf"^({_IDENTIFIER_PART})(?:\.({_IDENTIFIER_PART}))?$")
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_SECRET_KEYS = frozenset({"dsn", "access_key_id", "secret_access_key", "session_token"})  # never echoed
 
 Streaming = Literal["off", "on", "parallel"]
 _Choice = TypeVar("_Choice", bound=str)
@@ -143,6 +146,7 @@ class Config:
     spark: SparkConfig = field(default_factory=SparkConfig)
     warehouse_table_properties: dict[str, str] = field(default_factory=dict)
     warehouse_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+    storage: StorageConfig = field(default_factory=StorageConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     changelog_retention_hours: float = CHANGELOG_RETENTION_HOURS
@@ -155,6 +159,15 @@ class Config:
                 return table
         known = ", ".join(str(t.name) for t in self.tables)
         raise ConfigError(f"table {wanted} is not configured (configured: {known})")
+
+    def changelog_store(self) -> LogStore:
+        """The change log's files, with the ``storage`` settings."""
+        return LogStore(self.changelog_path, self.storage)
+
+    @property
+    def delta_storage_options(self) -> dict[str, str]:
+        """delta-rs ``storage_options``: the ``storage`` section's, then ``warehouse.storage_options``."""
+        return self.storage.delta_rs_options() | self.warehouse_storage_options
 
     def target_path(self, table: TableConfig) -> str:
         """The Delta table's location."""
@@ -215,6 +228,7 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
         tables=reader.tables(base),
         spark=reader.spark(),
         schedule=reader.schedule(),
+        storage=reader.storage(),
         path=origin,
     )
     for section in (source, changelog, warehouse, reader):
@@ -276,7 +290,7 @@ class _Reader:
     def text(self, key: str, default: Any = ...) -> str:
         value = self.get(key, default)
         if not isinstance(value, str) or not value.strip():
-            shown = "a value that is not a string" if key == "dsn" else repr(value)  # never echo a DSN
+            shown = "a value that is not a string" if key in _SECRET_KEYS else repr(value)
             raise self.fail(key, f"expected a non-empty string, got {shown}")
         return value
 
@@ -382,6 +396,41 @@ class _Reader:
             conf=spark.settings("conf"),
         )
         spark.done()
+        return result
+
+    def optional_text(self, key: str) -> str | None:
+        """A string, or None when absent or empty (``${VAR:-}``)."""
+        value = self.get(key, "")
+        if not isinstance(value, str):
+            shown = "a value that is not a string" if key in _SECRET_KEYS else repr(value)
+            raise self.fail(key, f"expected a string, got {shown}")
+        return value.strip() or None
+
+    def storage(self) -> StorageConfig:
+        if self.get("storage", None) is None:
+            return StorageConfig()
+        section = self.section("storage")
+        endpoint = section.optional_text("endpoint")
+        if endpoint is not None and not re.match(r"^https?://[^/\s]+/?$", endpoint):
+            raise section.fail("endpoint", f"expected http(s)://host[:port], got {endpoint!r}")
+        path_style = section.get("path_style", None)
+        if path_style is not None and not isinstance(path_style, bool):
+            raise section.fail("path_style", f"expected true or false, got {path_style!r}")
+        key_id, secret = section.optional_text("access_key_id"), section.optional_text("secret_access_key")
+        if (key_id is None) != (secret is None):
+            raise section.fail(
+                "access_key_id" if key_id is None else "secret_access_key",
+                "set both access_key_id and secret_access_key, or neither (the default AWS credential chain)",
+            )
+        result = StorageConfig(
+            endpoint=endpoint.rstrip("/") if endpoint else None,
+            region=section.optional_text("region"),
+            path_style=path_style,
+            access_key_id=key_id,
+            secret_access_key=secret,
+            session_token=section.optional_text("session_token"),
+        )
+        section.done()
         return result
 
     def schedule(self) -> ScheduleConfig:

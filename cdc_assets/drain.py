@@ -23,7 +23,6 @@ from cdc_assets.changelog.checkpoint import (
     write_checkpoint,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.changelog.store import LogStore
 from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotGapError
@@ -96,7 +95,7 @@ def drain(
 
     ``wait``: wait for another drain of the slot instead of failing."""
     source = config.source
-    store = LogStore(config.changelog_path)
+    store = config.changelog_store()
     started = time.monotonic()
     PEEK_CHILDREN.prestart()
     with (

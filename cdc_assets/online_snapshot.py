@@ -112,7 +112,7 @@ def snapshot_tables(
 ) -> list[TableCopied]:
     """Copy each of ``tables`` (configured, published) online, one after another."""
     selected = [config.table(t) for t in tables]
-    store = LogStore(config.changelog_path)
+    store = config.changelog_store()
     require_checkpoint(store)
     with connect(config.source, purpose="snapshot") as conn:
         published = published_tables(conn, config.source.publication)

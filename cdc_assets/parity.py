@@ -67,7 +67,7 @@ def check_parity(config: Config, table: TableConfig, spark: SparkSession) -> Par
     """Compare ``table``'s Delta table with its source at one point (see the module docstring)."""
     snapshot_lsn, names, source = copy_again_when_rewritten(lambda: _source_digest(config, table, spark), lambda: None)
     drain(config, wait=True, upto_lsn=snapshot_lsn)
-    reader = ChangeLogReader(config.changelog_path)
+    reader = ChangeLogReader(config.changelog_store())
     checkpoint = reader.checkpoint()
     assert checkpoint is not None  # drain refuses a log that was never set up
     apply_table(config, table, spark, reader, checkpoint.lsn)

@@ -149,7 +149,7 @@ def _cutoff(config: Config) -> int:
 
 def _applied(config: Config, table: TableConfig) -> int | None:
     return applied_lsn(
-        config.target_path(table), app_id(config.source.slot, str(table.name)), config.warehouse_storage_options
+        config.target_path(table), app_id(config.source.slot, str(table.name)), config.delta_storage_options
     )
 
 

@@ -80,7 +80,7 @@ def setup(
     ``copy_progress`` while tables are copied online.
     """
     source = config.source
-    store = LogStore(config.changelog_path)
+    store = config.changelog_store()
     result = SetupResult()
     started = time.monotonic()
     with DrainLock(source, wait=False), connect(source, purpose="setup") as conn:

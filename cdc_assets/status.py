@@ -130,7 +130,7 @@ class Status:
 
 
 def read_status(config: Config) -> Status:
-    reader = ChangeLogReader(config.changelog_path)
+    reader = ChangeLogReader(config.changelog_store())
     checkpoint = reader.checkpoint()
     status = Status(
         slot_name=config.source.slot,
@@ -147,7 +147,7 @@ def read_status(config: Config) -> Status:
         name = str(table.name)
         state = checkpoint.tables.get(name) if checkpoint else None
         path = config.target_path(table)
-        applied = applied_lsn(path, app_id(config.source.slot, name), config.warehouse_storage_options)
+        applied = applied_lsn(path, app_id(config.source.slot, name), config.delta_storage_options)
         status.tables.append(
             TableStatus(
                 name,

@@ -112,7 +112,7 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
     )
     def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
-        reader = ChangeLogReader(config.changelog_path)
+        reader = ChangeLogReader(config.changelog_store())
         checkpoint = reader.require_checkpoint()
         session = spark.session()
         result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
@@ -233,7 +233,7 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
     )
     def history(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
-        reader = ChangeLogReader(config.changelog_path)
+        reader = ChangeLogReader(config.changelog_store())
         checkpoint = reader.checkpoint()
         state = checkpoint.tables.get(name) if checkpoint else None
         if state is None:

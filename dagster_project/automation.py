@@ -12,7 +12,6 @@ from dagster import SensorEvaluationContext
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
-from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from dagster_project.assets import table_slug
@@ -50,11 +49,11 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",
     )
     def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-        checkpoint = read_checkpoint(LogStore(config.changelog_path))
+        checkpoint = read_checkpoint(config.changelog_store())
         state = checkpoint.tables.get(name) if checkpoint else None
         if checkpoint is None or state is None:
             return dg.SkipReason(f"the change log holds nothing for {name} yet")
-        applied = applied_lsn(path, app, config.warehouse_storage_options)
+        applied = applied_lsn(path, app, config.delta_storage_options)
         if applied is not None and state.last_change_lsn <= applied:
             return dg.SkipReason(f"{name} is up to date (applied {format_lsn(applied)})")
         requested = int(context.cursor) if context.cursor else -1

@@ -56,9 +56,7 @@ def build_lag_check(settings: Settings, table: TableConfig) -> dg.AssetChecksDef
     )
     def lag(source: CdcSource) -> dg.AssetCheckResult:
         config = source.config()
-        applied = applied_lsn(
-            config.target_path(table), app_id(config.source.slot, name), config.warehouse_storage_options
-        )
+        applied = applied_lsn(config.target_path(table), app_id(config.source.slot, name), config.delta_storage_options)
         with connect(config.source, purpose="lag-check") as conn:
             (current,) = one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))
         behind = int(current) - (applied or 0)

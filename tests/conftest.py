@@ -2,7 +2,8 @@
 
 ``pg`` is a fresh database on the default server (``CDC_TEST_PG``, default 16); ``pg_any`` is
 parametrized over every version in ``CDC_TEST_PG_VERSIONS`` (default ``15,16,18``). Each test gets
-its own database; its replication slots and the database are dropped afterwards.
+its own database; its replication slots and the database are dropped afterwards. ``bucket`` is a
+new bucket on a real S3 API server (moto's, one per test run, started on first use).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc_assets.storage import StorageConfig
 from cdc_sandbox.pgcluster import ThrowawayCluster
+from cdc_sandbox.s3server import ThrowawayS3Server
 
 ALL_VERSIONS = [int(v) for v in os.environ.get("CDC_TEST_PG_VERSIONS", "15,16,18").split(",") if v]
 DEFAULT_VERSION = int(os.environ.get("CDC_TEST_PG", "16"))
 
 _database_numbers = itertools.count()
+_bucket_numbers = itertools.count()
 
 
 class ClusterPool:
@@ -121,6 +125,30 @@ def pg_any(request: pytest.FixtureRequest, clusters: ClusterPool) -> Iterator[Da
     db = _create_database(clusters.get(request.param))
     yield db
     _drop_database(db)
+
+
+@dataclass(slots=True)
+class Bucket:
+    """An empty bucket on the test run's S3 server: ``uri`` is ``s3://<name>``."""
+
+    server: ThrowawayS3Server
+    uri: str
+
+    @property
+    def storage(self) -> StorageConfig:
+        """The ``storage`` settings that reach it."""
+        return self.server.storage()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[ThrowawayS3Server]:
+    with ThrowawayS3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def bucket(s3_server: ThrowawayS3Server) -> Bucket:
+    return Bucket(s3_server, s3_server.create_bucket(f"t{os.getpid()}-{next(_bucket_numbers)}"))
 
 
 @pytest.fixture(scope="session")

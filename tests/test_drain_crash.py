@@ -20,12 +20,17 @@ import random
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cdc_assets.changelog.store import LogStore
+from tests.conftest import Bucket
 from tests.support.crash import (
     BATCH_FILES,
+    KEY_ID_VARIABLE,
     SCHEMA_SQL,
+    SECRET_VARIABLE,
     DrainMonitor,
     LedgerWorkload,
     LogState,
@@ -52,20 +57,22 @@ MAX_BACKLOG = 1000  # past this many undrained transactions, a catch-up drain ru
 MAX_DELAY = 1.5  # seconds: the longest random delay before a kill
 STARTUP_S = 0.3  # seconds: a drain's start after taking its lock (its peek's receiving process starts)
 KILL_QUOTA = 50  # kills of a running drain, by default: 4 at each fault point, 34 at random moments
+BUCKET_KILL_QUOTA = 12  # with the change log in a bucket: 3 at each fault point, then random ones
 MIN_LANDED_IN_BATCH = 3  # random kills that left a batch's segments without their checkpoint
 DEADLINE_S = 1500.0  # the whole test; the quota takes ~5 minutes on a quiet 2-core machine
 VERBOSE = bool(os.environ.get("CDC_CRASH_VERBOSE"))
 
 
-def _setup(pg, tmp_path: Path) -> tuple[Path, str]:
+def _setup(pg, tmp_path: Path, **config: Any) -> tuple[Path, str]:
+    """The schema, ``cdc.yaml`` (``config``: :func:`write_ledger_config`'s options) and setup."""
     with pg.connect() as conn:
         for sql in SCHEMA_SQL:
             conn.execute(sql)
     slot = f"crash_{pg.name}".lower()
-    config = write_ledger_config(tmp_path, slot, batch_changes=BATCH_CHANGES)
-    result = run_cli(config, pg.dsn, "setup")
+    path = write_ledger_config(tmp_path, slot, batch_changes=BATCH_CHANGES, **config)
+    result = run_cli(path, pg.dsn, "setup")
     assert result.returncode == 0, describe(result)
-    return config, slot
+    return path, slot
 
 
 def _expected_state(point: str, state: LogState) -> None:
@@ -104,14 +111,32 @@ def _next_kill(kills: Counter[str], landed: Counter[str], quota: dict[str, int],
 def test_many_kills_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
     """Kills go on until every quota has landed (a drain that finishes first is a miss, not a
     kill), so the count never depends on the machine's speed; a deadline fails loudly."""
+    config, slot = _setup(pg, tmp_path)
+    _kill_until_quota(pg, config, slot, tmp_path / "changelog", int(os.environ.get("CDC_CRASH_KILLS", str(KILL_QUOTA))))
+
+
+@pytest.mark.slow
+def test_kills_with_the_change_log_in_a_bucket(
+    pg, bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with the change log in an S3 bucket (a real S3 API server): no rename there — the
+    checkpoint is replaced by one PUT — and nothing is lost or duplicated either."""
+    monkeypatch.setenv(KEY_ID_VARIABLE, bucket.storage.access_key_id or "")
+    monkeypatch.setenv(SECRET_VARIABLE, bucket.storage.secret_access_key or "")
+    changelog = f"{bucket.uri}/changelog"
+    config, slot = _setup(pg, tmp_path, changelog=changelog, storage=bucket.storage)
+    _kill_until_quota(pg, config, slot, LogStore(changelog, bucket.storage), BUCKET_KILL_QUOTA)
+
+
+def _kill_until_quota(pg, config: Path, slot: str, root: Path | LogStore, kill_quota: int) -> None:
+    """Drains killed until ``kill_quota`` kills have landed (spread over the fault points and random
+    moments), then drained to the end: the log must hold every committed transaction once, in order."""
     started = time.monotonic()
     seed = int(os.environ.get("CDC_CRASH_SEED", random.randrange(1 << 30)))
-    quota = _kill_quota(int(os.environ.get("CDC_CRASH_KILLS", str(KILL_QUOTA))))
+    quota = _kill_quota(kill_quota)
     deadline = started + float(os.environ.get("CDC_CRASH_DEADLINE", str(DEADLINE_S)))
     print(f"\n[crash] seed {seed} (CDC_CRASH_SEED), quota {quota}", flush=True)
     rng = random.Random(seed)
-    config, slot = _setup(pg, tmp_path)
-    root = tmp_path / "changelog"
     monitor = DrainMonitor(pg.dsn)
     workload = LedgerWorkload(pg.dsn, seed, large_share=0.02)
     writer = WriterThread(workload, WRITER_RATE)

@@ -54,7 +54,7 @@ def delta_target(config: Config, table: TableConfig, spark: SparkSession) -> Del
         config.target_path(table),
         app_id(config.source.slot, str(table.name)),
         table_properties=config.warehouse_table_properties,
-        storage_options=config.warehouse_storage_options,
+        storage_options=config.delta_storage_options,
     )
 
 
@@ -66,7 +66,7 @@ def apply_tables(
     progress: Callable[[TableApplied], None] | None = None,
 ) -> list[TableApplied]:
     """Apply the change log to the Delta tables of ``tables`` (default: every configured table)."""
-    reader = ChangeLogReader(config.changelog_path)
+    reader = ChangeLogReader(config.changelog_store())
     checkpoint = reader.require_checkpoint()
     selected = [config.table(t) for t in tables] if tables else list(config.tables)
     results = []
@@ -125,7 +125,7 @@ def rebuild_table(
     and every change since, up to the checkpoint, in one commit (time travel keeps the old
     versions)."""
     started = time.monotonic()
-    reader = reader or ChangeLogReader(config.changelog_path)
+    reader = reader or ChangeLogReader(config.changelog_store())
     checkpoint = reader.checkpoint()
     name = str(table.name)
     state = checkpoint.tables.get(name) if checkpoint else None

@@ -106,4 +106,4 @@ def run_consistent_point(run: str) -> int:
 
 def run_store(store: LogStore, table: str, run: str) -> LogStore:
     """The run's own little change log."""
-    return LogStore(f"{store.root}/{runs_folder(table)}/{run}")
+    return store.sub(f"{runs_folder(table)}/{run}")

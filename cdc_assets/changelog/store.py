@@ -17,6 +17,8 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from cdc_assets.storage import StorageConfig
+
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 TEMPORARY_MARK = ".tmp-"  # in the name of a file being replaced
 
@@ -24,16 +26,22 @@ TEMPORARY_MARK = ".tmp-"  # in the name of a file being replaced
 class LogStore:
     """Files under one root folder, addressed by ``/``-separated relative names."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, storage: StorageConfig | None = None) -> None:
+        """``storage`` configures an ``s3://`` root (without it, pyarrow's defaults apply)."""
         self.root = root.rstrip("/") or "/"
+        self.storage = storage or StorageConfig()
         if _URI.match(root):
-            self.fs, path = pafs.FileSystem.from_uri(root)
+            self.fs, path = self.storage.filesystem(root)
             self._base = path.rstrip("/")
             self.local = isinstance(self.fs, pafs.LocalFileSystem)
         else:
             self.fs = pafs.LocalFileSystem()
             self._base = os.path.abspath(root)
             self.local = True
+
+    def sub(self, folder: str) -> LogStore:
+        """A store rooted at ``folder`` of this one, with the same storage settings."""
+        return LogStore(f"{self.root}/{folder}", self.storage)
 
     def path(self, name: str) -> str:
         """The filesystem path of ``name`` (for pyarrow readers)."""
@@ -69,8 +77,8 @@ class LogStore:
     def create(self, name: str) -> Iterator[IO[bytes] | pa.NativeFile]:
         """A new file for writing; on a local disk it is fsynced before the context ends."""
         path = self.path(name)
-        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         if self.local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as handle:
                 yield handle
                 handle.flush()
@@ -82,8 +90,10 @@ class LogStore:
     def open_output(self, name: str) -> IO[bytes] | pa.NativeFile:
         """A new file for a writer that keeps it open; end it with :meth:`finish_output`."""
         path = self.path(name)
-        self.fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        return open(path, "wb") if self.local else self.fs.open_output_stream(path)
+        if not self.local:
+            return self.fs.open_output_stream(path)  # an object store has no folders to create
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return open(path, "wb")
 
     def finish_output(self, handle: IO[bytes] | pa.NativeFile) -> None:
         """Make a file from :meth:`open_output` durable (fsync locally; an object store makes

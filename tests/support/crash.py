@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from cdc_assets.changelog.layout import (
@@ -38,7 +39,10 @@ from cdc_assets.changelog.layout import (
     SegmentName,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
+from cdc_assets.storage import StorageConfig
 from tests.support.pipeline import wait_until
 
 EVENTS = "public.events"
@@ -59,8 +63,31 @@ SCHEMA_SQL = (
 # -- the command line --------------------------------------------------------------------------
 
 
-def write_ledger_config(directory: Path, slot: str, *, batch_changes: int = 50, streaming: str = "off") -> Path:
+KEY_ID_VARIABLE, SECRET_VARIABLE = "CDC_S3_ACCESS_KEY_ID", "CDC_S3_SECRET_ACCESS_KEY"
+
+
+def write_ledger_config(
+    directory: Path,
+    slot: str,
+    *,
+    batch_changes: int = 50,
+    streaming: str = "off",
+    changelog: str = "./changelog",
+    storage: StorageConfig | None = None,
+) -> Path:
+    """The crash tests' ``cdc.yaml``; with ``storage``, a ``storage`` section whose credentials are
+    read from ``$CDC_S3_ACCESS_KEY_ID`` and ``$CDC_S3_SECRET_ACCESS_KEY`` (set them in the environment)."""
     path = directory / "cdc.yaml"
+    storage_section = (
+        "storage:\n"
+        f"  endpoint: {storage.endpoint}\n"
+        f"  region: {storage.region}\n"
+        "  path_style: true\n"
+        f"  access_key_id: ${{{KEY_ID_VARIABLE}}}\n"
+        f"  secret_access_key: ${{{SECRET_VARIABLE}}}\n"
+        if storage is not None
+        else ""
+    )
     path.write_text(
         "source:\n"
         "  dsn: ${CDC_SOURCE_DSN}\n"
@@ -69,9 +96,10 @@ def write_ledger_config(directory: Path, slot: str, *, batch_changes: int = 50, 
         f"  batch_changes: {batch_changes}\n"
         f"  streaming: '{streaming}'\n"
         "changelog:\n"
-        "  path: ./changelog\n"
+        f"  path: {changelog}\n"
         "warehouse:\n"
         "  path: ./warehouse\n"
+        f"{storage_section}"
         "tables:\n"
         f"  {EVENTS}: {{}}\n"
         f"  {LEDGER}: {{}}\n",
@@ -103,13 +131,13 @@ def run_cli(
     )
 
 
-def drain_to_end(config: Path, dsn: str, slot: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def drain_to_end(config: Path, dsn: str, slot: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     """A drain that must finish by itself (they take seconds here): a clear failure if it does not."""
     try:
         result = run_cli(config, dsn, "drain", timeout=timeout)
     except subprocess.TimeoutExpired as error:
         progress = error.stderr.decode() if isinstance(error.stderr, bytes) else (error.stderr or "")
-        checkpoint = ChangeLogReader(str(config.parent / "changelog")).checkpoint()
+        checkpoint = ChangeLogReader(load_config(config, environ=_env(dsn, None)).changelog_store()).checkpoint()
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 30
             while conn.execute(
@@ -391,16 +419,23 @@ class LogState:
         return "peeking, or between batches (no batch file yet)"
 
 
-def log_files(root: Path) -> list[str]:
-    found = []
-    for folder, _, files in os.walk(root):
-        relative = os.path.relpath(folder, root)
-        found.extend(name if relative == "." else f"{relative}/{name}" for name in files)
-    return sorted(found)
+def log_store(root: Path | LogStore) -> LogStore:
+    """The change log at ``root``: a local folder, or a store (an object-store bucket)."""
+    return root if isinstance(root, LogStore) else LogStore(str(root))
 
 
-def log_state(root: Path, confirmed_flush: int, known_litter: frozenset[str] | set[str] = frozenset()) -> LogState:
-    checkpoint = ChangeLogReader(str(root)).checkpoint()
+def log_files(root: Path | LogStore) -> list[str]:
+    """Every file under the change log's root, relative to it."""
+    store = log_store(root)
+    selector = pafs.FileSelector(store.path(""), allow_not_found=True, recursive=True)
+    prefix = store.path("") + "/"
+    return sorted(i.path[len(prefix) :] for i in store.fs.get_file_info(selector) if i.type == pafs.FileType.File)
+
+
+def log_state(
+    root: Path | LogStore, confirmed_flush: int, known_litter: frozenset[str] | set[str] = frozenset()
+) -> LogState:
+    checkpoint = ChangeLogReader(log_store(root)).checkpoint()
     assert checkpoint is not None, f"{root} has no checkpoint"
     orphans, litter = [], []
     last_batch_start = -1
@@ -426,8 +461,8 @@ class LogTracker:
     """Reads, after each drain, the transactions that became valid since the last look, and
     checks that the log so far is exactly the writer's commit order from the start."""
 
-    def __init__(self, root: Path) -> None:
-        self.reader = ChangeLogReader(str(root))
+    def __init__(self, root: Path | LogStore) -> None:
+        self.reader = ChangeLogReader(log_store(root))
         self.seen: list[int] = []  # xids in log order
         self.last_end = -1
         self.position = 0  # checkpoint LSN up to which segments were read
@@ -443,7 +478,7 @@ class LogTracker:
         for segment in self.reader.segments(TRANSACTIONS, checkpoint.lsn):
             if segment.name.batch_start < self.position:
                 continue
-            table = pq.read_table(self.reader.store.path(segment.path))
+            table = pq.read_table(self.reader.store.path(segment.path), filesystem=self.reader.store.fs)
             for xid, end in zip(table.column("xid").to_pylist(), table.column("end_lsn").to_pylist()):
                 assert end <= checkpoint.lsn, f"transaction {xid} ends at {format_lsn(end)}, past the checkpoint"
                 assert end > self.last_end, (
@@ -474,11 +509,11 @@ class Verified:
     litter: list[str] = field(default_factory=list)
 
 
-def verify_log(root: Path, dsn: str, slot: str, workload: LedgerWorkload) -> Verified:
+def verify_log(root: Path | LogStore, dsn: str, slot: str, workload: LedgerWorkload) -> Verified:
     """Everything the writer committed is in the log exactly once, in commit order, nothing else
     is; each transaction is whole; replaying the log gives the source's tables; the slot is at
     the checkpoint; no file outside the checkpoint is left."""
-    reader = ChangeLogReader(str(root))
+    reader = ChangeLogReader(log_store(root))
     checkpoint = reader.checkpoint()
     assert checkpoint is not None
     committed = workload.committed

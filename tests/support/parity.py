@@ -210,9 +210,7 @@ def compare_table(
             result.spark_rows = got.num_rows
             readers["spark"] = multiset(got)
     if rust:
-        got, problems = conform(
-            read_delta_rs(path, config.warehouse_storage_options or None), expected.schema, "delta-rs"
-        )
+        got, problems = conform(read_delta_rs(path, config.delta_storage_options or None), expected.schema, "delta-rs")
         result.problems += problems
         if got is not None:
             result.rust_rows = got.num_rows

@@ -1,0 +1,104 @@
+"""The ``storage`` section (``cdc_assets/storage.py``): parsing and refusals, credentials never shown,
+and the change log's store and delta-rs reaching the same bucket on a real S3 API server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from cdc_assets.apply.table_files import table_files
+from cdc_assets.apply.target import applied_lsn
+from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from cdc_assets.config import parse_config
+from cdc_assets.errors import ConfigError
+from cdc_assets.storage import StorageConfig
+from tests.conftest import Bucket
+
+BASE = """
+source: {dsn: "host=h user=u password=dsn-secret"}
+changelog: {path: s3://lake/changelog}
+warehouse: {path: s3://lake/warehouse}
+tables: {public.t: {}}
+"""
+KEY_ID, SECRET = "AKIA-do-not-show", "s3cr3t-do-not-show"
+
+
+def _parse(storage: str, environ: dict[str, str] | None = None) -> object:
+    return parse_config(BASE + storage, origin=Path("/etc/cdc/cdc.yaml"), environ=environ or {})
+
+
+def test_storage_section_configures_every_client_and_hides_its_credentials() -> None:
+    config = _parse(
+        "storage:\n  endpoint: http://minio:9000/\n  region: eu-west-1\n"
+        "  access_key_id: ${KEY}\n  secret_access_key: ${SECRET}\n  session_token: ${TOKEN:-}\n",
+        {"KEY": KEY_ID, "SECRET": SECRET},
+    )
+    storage = config.storage  # type: ignore[attr-defined]
+    assert storage == StorageConfig("http://minio:9000", "eu-west-1", None, KEY_ID, SECRET, None)
+    assert storage.uses_path_style  # an endpoint of its own: path-style unless told otherwise
+    assert KEY_ID not in repr(config) and SECRET not in repr(config)
+    assert config.delta_storage_options == {  # type: ignore[attr-defined]
+        "AWS_ENDPOINT_URL": "http://minio:9000",
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_REGION": "eu-west-1",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
+        "AWS_ACCESS_KEY_ID": KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+    }
+    assert _parse("").storage == StorageConfig()  # type: ignore[attr-defined]
+    chain = _parse("storage: {region: us-east-2}\n").storage  # type: ignore[attr-defined]
+    assert not chain.uses_path_style and "AWS_ACCESS_KEY_ID" not in chain.delta_rs_options()
+
+
+@pytest.mark.parametrize(
+    ("storage", "message"),
+    [
+        ("storage: {access_key_id: AKIA-do-not-show}\n", "storage.secret_access_key: set both"),
+        ("storage: {secret_access_key: s3cr3t-do-not-show}\n", "storage.access_key_id: set both"),
+        ("storage: {endpoint: 'minio:9000'}\n", "storage.endpoint: expected http(s)://host[:port], got 'minio:9000'"),
+        ("storage: {path_style: 'yes'}\n", "storage.path_style: expected true or false"),
+        ("storage: {secret_access_key: [s3cr3t-do-not-show], access_key_id: x}\n", "expected a string, got a value"),
+        ("storage: {bucket: lake}\n", "storage.bucket: unknown setting"),
+    ],
+)
+def test_a_bad_storage_section_is_refused_without_showing_a_secret(storage: str, message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _parse(storage)
+    assert message in str(refused.value) and str(refused.value).startswith("/etc/cdc/cdc.yaml: ")
+    assert "do-not-show" not in str(refused.value)
+
+
+def test_the_change_log_store_and_delta_rs_reach_the_bucket(bucket: Bucket, tmp_path: Path) -> None:
+    """Through the ``storage`` settings: the change log's files (written, replaced as one PUT,
+    listed, read, deleted) and a Delta table read by delta-rs as ``s3://`` and ``s3a://``."""
+    text = (
+        f"source: {{dsn: x}}\nchangelog: {{path: '{bucket.uri}/changelog/'}}\n"
+        f"warehouse: {{path: '{bucket.uri}/warehouse'}}\ntables: {{public.t: {{}}}}\n"
+        f"storage:\n  endpoint: {bucket.storage.endpoint}\n  region: {bucket.storage.region}\n"
+        "  access_key_id: ${KEY}\n  secret_access_key: ${SECRET}\n"
+    )
+    environ = {"KEY": bucket.storage.access_key_id or "", "SECRET": bucket.storage.secret_access_key or ""}
+    config = parse_config(text, origin=tmp_path / "cdc.yaml", environ=environ)
+    store = config.changelog_store()
+    assert not store.local and store.root == f"{bucket.uri}/changelog"
+    write_checkpoint(store, Checkpoint("cdc_slot", 0x10))
+    write_checkpoint(store, Checkpoint("cdc_slot", 0x20))
+    checkpoint = read_checkpoint(store)
+    assert checkpoint is not None and checkpoint.lsn == 0x20
+    with store.create("tables/public.t/0000000000000010-0000.parquet") as stream:
+        stream.write(b"segment")
+    assert store.list("") == ["_checkpoint.json"] and store.folders("tables") == ["tables/public.t"]
+    assert store.sub("tables/public.t").read_bytes("0000000000000010-0000.parquet") == b"segment"
+    store.delete_folder("tables/public.t")
+    assert store.folders("tables") == [] and store.read_bytes("missing") is None
+
+    target = config.target_path(config.tables[0])
+    assert target == f"{bucket.uri}/warehouse/public/t"
+    writable = config.delta_storage_options | {"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}  # one writer, the test
+    write_deltalake(target, pa.table({"id": [1, 2, 3]}), storage_options=writable)
+    assert table_files(target, config.delta_storage_options).files == 1
+    assert table_files(target.replace("s3://", "s3a://"), config.delta_storage_options).files == 1
+    assert applied_lsn(target, "cdc_assets:cdc_slot:public.t", config.delta_storage_options) is None

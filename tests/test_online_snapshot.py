@@ -143,7 +143,9 @@ def test_online_snapshot_repairs_tables_while_the_others_keep_flowing(pg: Databa
             advanced = [r.table for r in during if (r.applied_lsn or 0) > (applied_before[r.table] or 0)]
             assert advanced, [r.summary() for r in during]
             assert [c.table for c in copied] == [docs, bag, orders, workload.qualified("coded")], copied
-            assert all(c.rows > 0 for c in copied), copied
+            # A table the load truncated just before its snapshot is copied empty, rightly (a TRUNCATE
+            # after the snapshot restarts the copy from a snapshot after it); not all of them are.
+            assert sum(c.rows for c in copied) > 0, copied
             wait_until(lambda: ops() > ops_then + 300, timeout=120, what="writes after the copy")
         drain(wider, wait=True)
         apply_tables(wider, session)

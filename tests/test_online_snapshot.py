@@ -26,6 +26,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from cdc_assets.apply.runner import apply_tables
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.drain import drain
 from cdc_assets.faults import ENV as FAULT
@@ -203,9 +204,13 @@ def test_snapshot_killed_at_random_points_then_rerun(pg: Database, spark: Any, t
             drain(config, wait=True)
             assert_mirrors(config.changelog_path, pg.dsn, [str(t.name) for t in config.tables])  # the log replayed
             if len(kills) % 4 == 1:  # and now and then merged, whatever the kills left
-                apply_tables(config, session)
+                applied = apply_tables(config, session)
                 problems = report(compare_all(config, pg.dsn, None))
-                assert not problems, f"after a kill at {point}:\n{problems}"
+                checkpoint = ChangeLogReader(config.changelog_store()).require_checkpoint()
+                assert not problems, (
+                    f"after kills at {kills}: applied {[r.summary() for r in applied]}; checkpoint"
+                    f" {checkpoint.lsn:X}, {bag}: {checkpoint.tables.get(bag)}\n{problems}"
+                )
         workload.touch_all()
         drain(config, wait=True)
         apply_tables(config, session)

@@ -44,8 +44,8 @@ TRUNCATE_T = "TRUNCATE t; INSERT INTO t SELECT g, 'after' FROM generate_series(1
 
 def test_a_table_truncated_after_the_snapshot_is_refused_and_a_locked_one_cannot_be(pg: Database) -> None:
     """A TRUNCATE (of a table, of a leaf partition) committed after the snapshot: the reader and the
-    parallel copy's planning refuse the table, naming it and the slot; once planned, the table is
-    locked and a TRUNCATE waits until the copy ends."""
+    parallel copy refuse the table, naming it and the slot; a reader that has locked a table holds
+    the lock, and a TRUNCATE waits until it ends."""
     pg.execute(TABLES)
     source = SourceConfig(dsn=pg.dsn, slot=f"s_{pg.name}", publication="cdc_pub")
     t, parted = TableName("public", "t"), TableName("public", "parted")
@@ -60,18 +60,19 @@ def test_a_table_truncated_after_the_snapshot_is_refused_and_a_locked_one_cannot
         assert f"slot {source.slot}" in str(refused.value)
         with ParallelCopy(source, exported.snapshot_name, 2) as copy:
             relation = copy.reader.describe(parted)
+            plan = copy.plan(relation, [True] * len(relation.columns))
             with pytest.raises(TableRewrittenError, match=r"table public\.parted \(parted_high\)"):
-                copy.plan(relation, [True] * len(relation.columns))
+                list(copy.run([plan]))
 
     with create_slot_with_snapshot(source, temporary=True) as exported:
-        with ParallelCopy(source, exported.snapshot_name, 2) as copy:
-            relation = copy.reader.describe(t)
-            plan = copy.plan(relation, [True] * len(relation.columns))
+        with SnapshotReader(source, exported.snapshot_name) as reader:
+            relation = reader.describe(t)
+            assert reader.lock(relation) == 'ONLY "public"."t"'  # what a worker does before reading
             with pg.connect(autocommit=True) as other:
                 other.execute("SET lock_timeout = '100ms'")
                 with pytest.raises(errors.LockNotAvailable):
                     other.execute("TRUNCATE t")
-            rows = sum(len(columns[0]) for _, columns in copy.run([plan]))
+            rows = sum(len(columns[0]) for columns in reader.chunks(relation, [True] * len(relation.columns)))
         assert rows == 3
 
 

@@ -7,9 +7,11 @@ however it is split. A table is split into ``ctid`` block ranges (PostgreSQL 14+
 and the last none above, so every row is in exactly one range whatever the table's size. The
 block count is that of the largest heap the copy reads: the table, or for a partitioned table
 (read through its root, see :func:`~cdc_assets.source.snapshot.copy_source`) its largest leaf —
-the ranges then apply to every leaf, one TID range scan each, with the root's privileges. Planning
-locks each table in the planning connection until the copy ends
-(:meth:`~cdc_assets.source.snapshot.SnapshotReader.lock`).
+the ranges then apply to every leaf, one TID range scan each, with the root's privileges. A worker
+locks a table before its first range of it, until the worker ends
+(:meth:`~cdc_assets.source.snapshot.SnapshotReader.lock`: a table rewritten since the snapshot
+fails the copy). Not the planning connection: holding a lock until every worker is done would
+deadlock with a TRUNCATE queued between it and a worker's own lock request.
 
 Workers take tasks (largest first) from one queue; the caller's thread gets each block of rows as
 ``(plan, columns)`` from :meth:`ParallelCopy.run`, so what it does with them (convert, write)
@@ -37,7 +39,7 @@ from cdc_assets.errors import DecodeError, SourceError, SourcePermissionError
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.binary_copy import CopySelect, read_columns
 from cdc_assets.source.connection import one_row
-from cdc_assets.source.snapshot import SnapshotReader
+from cdc_assets.source.snapshot import SnapshotReader, copy_source
 
 RANGE_BLOCKS_MIN = 256
 """Blocks (2 MiB of 8 kB pages) below which a range is not worth its own query."""
@@ -149,12 +151,11 @@ class ParallelCopy:
         """How to copy ``relation`` (described by :attr:`reader`), its columns sent in binary where
         ``binary`` says so (:class:`CopySelect`), and its block ranges."""
         conn = self.reader.connection
-        source = self.reader.lock(relation)  # held until the copy ends
         (blocks,) = one_row(conn.execute(_HEAP_BLOCKS, {"oid": relation.relation_oid}))
         return TablePlan(
             relation,
             CopySelect.of(conn, relation, binary),
-            source,
+            copy_source(conn, relation.table),
             int(blocks),
             tuple(block_ranges(int(blocks), self.workers)),
         )
@@ -203,6 +204,7 @@ class ParallelCopy:
                         task = tasks.get_nowait()
                     except queue.Empty:
                         return
+                    reader.lock(task.plan.relation)  # before its first range of the table
                     self._copy_range(reader.connection, task, results, stop)
         except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
             results.put(_Failed(error))

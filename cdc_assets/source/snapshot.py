@@ -113,6 +113,7 @@ class SnapshotReader:
         self._snapshot_name = snapshot_name
         self._chunk_rows = chunk_rows
         self._conn: psycopg.Connection[Any] | None = None
+        self._locked: dict[int, str] = {}  # relation oid -> what the copy reads
 
     def __enter__(self) -> SnapshotReader:
         conn = connect(self._source, purpose="snapshot", autocommit=False)
@@ -150,9 +151,11 @@ class SnapshotReader:
 
     def lock(self, relation: RelationSchema) -> str:
         """Lock what a copy of ``relation`` reads (:func:`copy_source`) for the rest of the
-        transaction and return it. ACCESS SHARE: no TRUNCATE or table rewrite commits until the
-        copy ends. One that committed after the snapshot and before the lock makes the snapshot
+        transaction (once per reader) and return it. ACCESS SHARE: no TRUNCATE or table rewrite
+        commits until this reader ends. One that committed after the snapshot and before the lock makes the snapshot
         read the table as empty (those commands are not MVCC-safe): :class:`TableRewrittenError`."""
+        if relation.relation_oid in self._locked:
+            return self._locked[relation.relation_oid]
         conn = self.connection
         source = copy_source(conn, relation.table)
         try:
@@ -168,6 +171,7 @@ class SnapshotReader:
                 f" VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) after the snapshot of slot {self._source.slot}"
                 " was taken and before the copy locked it: the snapshot no longer sees its rows"
             )
+        self._locked[relation.relation_oid] = source
         return source
 
     def chunks(self, relation: RelationSchema, binary: Sequence[bool]) -> Iterator[list[pa.Array]]:

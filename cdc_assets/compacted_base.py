@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from cdc_assets.apply.planner import ACTION, COPIES, UNRESOLVED, UPSERT, ChangePlan, RecordChunk, plan_changes
 from cdc_assets.changelog.checkpoint import Checkpoint, write_checkpoint
+from cdc_assets.changelog.layout import COPY_BATCH
 from cdc_assets.changelog.reader import ChangeChunk
 from cdc_assets.changelog.snapshot_runs import new_base_id, run_store
 from cdc_assets.changelog.store import LogStore
@@ -41,7 +42,7 @@ def write_base(
     """Write ``table`` as of ``lsn`` — ``chunks`` are its records from its latest copy up to ``lsn``
     — as a complete base beside the log; returns the base's name (for a ``SnapshotRunRef``)."""
     relation = chunks[-1].relation  # the columns as of ``lsn``
-    plan = plan_changes([RecordChunk(c.relation, c.records) for c in chunks], relation, truncate=truncate)
+    plan = plan_changes([RecordChunk(c.relation, c.records, c.copy) for c in chunks], relation, truncate=truncate)
     image = _table_image(plan, table).select([c.name for c in relation.columns])
     row_type = pa.struct(list(image.schema))
     count = image.num_rows
@@ -62,7 +63,7 @@ def write_base(
     records = pa.RecordBatch.from_arrays(columns, schema=pa.schema([*COMMIT_FIELDS, *record_schema(row_type)]))
     base = new_base_id(lsn)
     copy = run_store(store, table, base)
-    writer = BatchWriter(copy, Checkpoint(slot, 0))
+    writer = BatchWriter(copy, Checkpoint(slot, COPY_BATCH))
     try:
         writer.records(relation, records)
     except BaseException:

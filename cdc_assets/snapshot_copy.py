@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from cdc_assets.changelog.checkpoint import Checkpoint
+from cdc_assets.changelog.layout import COPY_BATCH
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config, TableConfig
@@ -45,7 +46,7 @@ def copy_snapshot(
 ) -> CopiedSnapshot:
     """Copy ``tables`` as of the snapshot into a batch of ``snapshot`` records at ``lsn``, the batch
     starting at 0; ``progress(table, rows_so_far)`` after each block."""
-    writer = BatchWriter(store, Checkpoint(config.source.slot, 0))
+    writer = BatchWriter(store, Checkpoint(config.source.slot, COPY_BATCH))
     info = CommitInfo(xid=0, commit_lsn=lsn, end_lsn=lsn, commit_time_us=time.time_ns() // 1000)
     try:
         with ParallelCopy(config.source, snapshot_name, config.source.snapshot_workers) as copy:

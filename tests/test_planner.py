@@ -5,6 +5,7 @@ multiset, keyless tables, schema versions — each asserted on the exact rows of
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -587,6 +588,23 @@ def test_empty_record_tables(rel: Any) -> None:
     assert set(plan.counts.values()) <= {0}
     assert [c.name for c in rel.columns] == plan.rows.column_names[: len(rel.columns)]
     assert not plan.has_unresolved
+
+
+@pytest.mark.parametrize("rel", [TOASTY, FULL, relation("events", ("at", INT4))], ids=["keyed", "multiset", "append"])
+def test_an_empty_copy_empties_the_table(rel: Any) -> None:
+    """A copy chunk without rows is an empty table's copy: it cuts like a snapshot record, so the
+    changes before it are dropped and the table emptied; the changes after it apply."""
+    log = ChangeLog(rel)
+    row = {c.name: None for c in rel.columns} | {rel.columns[0].name: 1}
+    log.insert(row)
+    after = ChangeLog(rel, start=log.next_commit, xid=log.next_xid)
+    lsn = after.insert(row | {rel.columns[0].name: 2})
+    copy = replace(empty_chunk(rel), copy=True)
+    plan = plan_changes([log.chunk(), copy, after.chunk()], rel)
+    assert (plan.truncate, plan.rows.num_rows, plan.last_lsn) == (True, 1, lsn)
+    assert plan.rows.column(rel.columns[0].name).to_pylist() == [2]
+    alone = plan_changes([log.chunk(), copy], rel, truncate="ignore")  # a copy cuts whatever the setting
+    assert (alone.truncate, alone.rows.num_rows) == (True, 0)
 
 
 def test_no_chunks_at_all_is_refused() -> None:

@@ -4,7 +4,7 @@ The records after a Delta table's applied LSN, in commit order, become one :clas
 
 * **TRUNCATE cuts.** With ``truncate: apply`` the last TRUNCATE of the batch drops every earlier
   change and marks the table to be emptied, row filters notwithstanding; later changes apply to
-  the empty table. A snapshot does the same from its first row (it *is* the table's contents).
+  the empty table. A copy does the same from its start (it *is* the table's contents, even empty).
 * **Last image wins** per key. A key-changing UPDATE (an old key ``K`` or old row ``O`` that
   differs from the new key) deletes the old key and upserts the new one.
 * **Unchanged TOAST** columns (``'u'``) are filled, in order, from the ``O`` old row of the same
@@ -60,10 +60,12 @@ class PlanError(CdcError):
 
 @dataclass(slots=True, frozen=True)
 class RecordChunk:
-    """Change records (the change log's columns) written under one schema version."""
+    """Change records (the change log's columns) written under one schema version; ``copy``: they
+    are a copy of the whole table (the table is emptied before them, even when there are none)."""
 
     relation: RelationSchema
     records: pa.Table
+    copy: bool = False
 
 
 @dataclass(slots=True)
@@ -186,7 +188,9 @@ class _Events:
     def build(cls, chunks: Sequence[RecordChunk], relation: RelationSchema, truncate_mode: str) -> _Events:
         ops = np.concatenate([c.records.column("_cdc_op").to_numpy(zero_copy_only=False) for c in chunks])
         lsn = np.concatenate([c.records.column("_cdc_end_lsn").to_numpy() for c in chunks])
-        truncate, start = _cut(ops, truncate_mode)
+        offsets = np.cumsum([0] + [c.records.num_rows for c in chunks])
+        copy_at = next((int(offsets[i]) for i, c in enumerate(chunks) if c.copy), None)
+        truncate, start = _cut(ops, truncate_mode, copy_at)
         keep = np.flatnonzero((np.arange(len(ops)) >= start) & (ops != "truncate"))
         index = pa.array(keep, pa.int64())
         new = latest_images(chunks, relation, "new").take(index)
@@ -250,19 +254,20 @@ def latest_images(chunks: Sequence[RecordChunk], relation: RelationSchema, image
     return pa.concat_tables([_flatten(c.records.column(image), names, types) for c in chunks])
 
 
-def _cut(ops: np.ndarray, truncate_mode: str) -> tuple[bool, int]:
+def _cut(ops: np.ndarray, truncate_mode: str, copy_at: int | None) -> tuple[bool, int]:
     """Whether the table is emptied first, and the index of the first record applied after that.
 
-    The later of the last TRUNCATE (with ``truncate: apply``) and the first snapshot record wins.
+    The later of the last TRUNCATE (with ``truncate: apply``) and the start of the copy wins: the
+    first chunk marked ``copy`` (at index ``copy_at``, rows or none) or the first snapshot record.
     """
     starts = []
     if truncate_mode == "apply":
         truncates = np.flatnonzero(ops == "truncate")
         if len(truncates):
             starts.append(int(truncates[-1]) + 1)
-    snapshots = np.flatnonzero(ops == "snapshot")
-    if len(snapshots):
-        starts.append(int(snapshots[0]))
+    copies = [int(i) for i in np.flatnonzero(ops == "snapshot")[:1]] + ([] if copy_at is None else [copy_at])
+    if copies:
+        starts.append(min(copies))
     return (True, max(starts)) if starts else (False, 0)
 
 

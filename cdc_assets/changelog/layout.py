@@ -15,6 +15,7 @@ TABLES = "tables"
 TRANSACTIONS = "transactions"
 MESSAGES = "messages"
 PREPARED = "prepared"
+COPY_BATCH = 0  # a copy of whole tables (initial snapshot, online run, compacted base) is its log's batch 0
 
 _SEGMENT = re.compile(r"^([0-9A-F]{16})-(\d{4})\.parquet$")
 

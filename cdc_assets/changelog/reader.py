@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from cdc_assets.changelog.checkpoint import Checkpoint, TableState, read_checkpoint, require_checkpoint
 from cdc_assets.changelog.encoding import from_storage
 from cdc_assets.changelog.layout import (
+    COPY_BATCH,
     MESSAGES,
     PREPARED,
     TABLES,
@@ -42,11 +43,14 @@ class Segment:
 
 @dataclass(slots=True)
 class ChangeChunk:
-    """Change records of one segment, with the schema version they were written with."""
+    """Change records of one segment, with the schema version they were written with. ``copy``: the
+    segment belongs to its log's batch 0, a copy of the whole table (the initial snapshot, an online
+    run, a compacted base) — the table's contents even when it holds no row."""
 
     relation: RelationSchema
     schema_version: int
     records: pa.Table
+    copy: bool = False
 
 
 class ChangeLogReader:
@@ -109,8 +113,9 @@ class ChangeLogReader:
             end = records.column("_cdc_end_lsn")
             keep = pc.and_(pc.greater(end, after), pc.less_equal(end, limit))
             records = records.filter(keep).replace_schema_metadata(None)
+            copy = segment.name.batch_start == COPY_BATCH and (records.num_rows > 0 or self._copy_due(after, limit))
             if records.num_rows or parquet.metadata.num_rows == 0:  # an empty segment still gives the schema
-                yield ChangeChunk(RelationSchema.from_json(metadata), int(metadata["schema_version"]), records)
+                yield ChangeChunk(RelationSchema.from_json(metadata), int(metadata["schema_version"]), records, copy)
 
     def due_snapshot_run(self, state: TableState, after: int, upto: int | None = None) -> SnapshotRunRef | None:
         """The table's latest snapshot run if it was announced in ``(after, upto]``."""
@@ -162,6 +167,12 @@ class ChangeLogReader:
         for path in self.store.list(""):
             if TEMPORARY_MARK in path:  # a replace (checkpoint, setup marker) killed before its rename
                 self.store.delete(path)
+
+    def _copy_due(self, after: int, upto: int) -> bool:
+        """Whether the log's copy (its batch 0, at the checkpoint's ``snapshot_lsn``) is in ``(after, upto]``."""
+        checkpoint = self.checkpoint()
+        copied = checkpoint.snapshot_lsn if checkpoint is not None else None
+        return copied is not None and after < copied <= upto
 
     def _limit(self, upto: int | None) -> int:
         if upto is not None:

@@ -115,7 +115,8 @@ class Mirror:
         applied = target.applied_lsn()
         assert applied is not None and applied < checkpoint.lsn
         chunks = [
-            RecordChunk(c.relation, c.records) for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)
+            RecordChunk(c.relation, c.records, c.copy)
+            for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)
         ]
         plan = plan_changes(chunks, checkpoint.tables[table].relation, truncate=settings.truncate)
         return target, plan, checkpoint.lsn

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -19,7 +19,7 @@ import yaml
 
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import ConfigError
-from cdc_assets.storage import StorageConfig
+from cdc_assets.storage import StorageConfig, is_s3
 
 CONFIG_ENV = "CDC_CONFIG"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -95,11 +95,13 @@ class TableConfig:
 
 @dataclass(slots=True, frozen=True)
 class SparkConfig:
-    """``master`` for a classic session (``local[2]``, ``spark://…``), or ``remote`` for Spark Connect."""
+    """``master`` for a classic session (``local[2]``, ``spark://…``), or ``remote`` for Spark Connect;
+    ``storage``: the ``storage`` section when a Delta table is on S3 (Spark reaches it through s3a)."""
 
     master: str | None = "local[2]"
     remote: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
+    storage: StorageConfig | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -207,6 +209,11 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
     source = reader.section("source")
     changelog = reader.section("changelog")
     warehouse = reader.section("warehouse")
+    warehouse_path = _location(warehouse.text("path"), base)
+    storage = reader.storage()
+    spark = reader.spark()
+    tables = reader.tables(base)
+    delta_on_s3 = is_s3(warehouse_path) or any(t.target is not None and is_s3(t.target) for t in tables)
     config = Config(
         source=SourceConfig(
             dsn=source.text("dsn"),
@@ -221,14 +228,14 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
         ),
         changelog_path=_location(changelog.text("path"), base),
         changelog_retention_hours=changelog.hours("retention_hours", CHANGELOG_RETENTION_HOURS),
-        warehouse_path=_location(warehouse.text("path"), base),
+        warehouse_path=warehouse_path,
         warehouse_table_properties=warehouse.settings("table_properties"),
         warehouse_storage_options=warehouse.settings("storage_options"),
         maintenance=warehouse.maintenance(),
-        tables=reader.tables(base),
-        spark=reader.spark(),
+        tables=tables,
+        spark=replace(spark, storage=storage) if delta_on_s3 else spark,
         schedule=reader.schedule(),
-        storage=reader.storage(),
+        storage=storage,
         path=origin,
     )
     for section in (source, changelog, warehouse, reader):

@@ -1,10 +1,10 @@
 """Object storage: the ``storage`` section configures the clients of an ``s3://`` path.
 
-Clients touch the change log and the warehouse — pyarrow (the change log) and delta-rs (sensors,
-status, maintenance figures) here; Spark's s3a (the Delta tables) is configured through
-``spark.conf`` for now. :class:`StorageConfig` gives each client its settings from one endpoint,
-region, addressing style and set of credentials, so ``s3://bucket/path`` names the same objects
-for all of them. Without credentials, each client uses the default AWS credential chain
+Three clients touch the change log and the warehouse: pyarrow (the change log), delta-rs (sensors,
+status, maintenance figures) and Spark's s3a (the Delta tables' merges and reads; Hadoop's settings,
+given to a classic session at start by :mod:`cdc_assets.apply.session`). :class:`StorageConfig`
+gives each its settings from one endpoint, region, addressing style and set of credentials, so
+``s3://bucket/path`` names the same objects for all of them. Without credentials, each client uses the default AWS credential chain
 (environment, profile, instance or pod role).
 
 Credentials are never shown: ``repr`` leaves them out, and errors name the endpoint and the
@@ -19,6 +19,13 @@ from urllib.parse import urlsplit
 import pyarrow.fs as pafs
 
 S3_SCHEMES = ("s3", "s3a")
+S3A = "org.apache.hadoop.fs.s3a"
+DEFAULT_REGION = "us-east-1"  # what an S3-compatible server is asked for when no region is set (it ignores it)
+
+
+def is_s3(uri: str) -> bool:
+    """Whether ``uri`` is an ``s3://`` or ``s3a://`` location."""
+    return uri.partition("://")[0].lower() in S3_SCHEMES
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,8 +53,8 @@ class StorageConfig:
     def filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
         """pyarrow's filesystem for ``uri`` and the path inside it: ``s3://`` (or ``s3a://``) with
         these settings; any other scheme as pyarrow resolves it (``gs://``, ``abfs://``, ``file://``)."""
-        scheme, _, rest = uri.partition("://")
-        if scheme.lower() not in S3_SCHEMES:
+        rest = uri.partition("://")[2]
+        if not is_s3(uri):
             fs, path = pafs.FileSystem.from_uri(uri)
             return fs, str(path)
         options: dict[str, object] = {"region": self.region} if self.region else {}
@@ -76,3 +83,22 @@ class StorageConfig:
             if self.session_token:
                 options["AWS_SESSION_TOKEN"] = self.session_token
         return options
+
+    def hadoop_settings(self) -> dict[str, str]:
+        """Hadoop's s3a settings (Spark takes each as ``spark.hadoop.<key>``); ``s3://`` is read by
+        s3a too, so a path means the same objects to Spark as to pyarrow and delta-rs."""
+        settings = {"fs.s3.impl": f"{S3A}.S3AFileSystem", "fs.AbstractFileSystem.s3.impl": f"{S3A}.S3A"}
+        settings["fs.s3a.path.style.access"] = str(self.uses_path_style).lower()
+        if self.endpoint:
+            settings["fs.s3a.endpoint"] = self.endpoint
+            settings["fs.s3a.connection.ssl.enabled"] = str(self.endpoint.startswith("https://")).lower()
+        if self.region or self.endpoint:
+            settings["fs.s3a.endpoint.region"] = self.region or DEFAULT_REGION
+        if self.access_key_id:
+            settings |= {"fs.s3a.access.key": self.access_key_id, "fs.s3a.secret.key": self.secret_access_key or ""}
+            provider = "SimpleAWSCredentialsProvider"
+            if self.session_token:
+                settings["fs.s3a.session.token"] = self.session_token
+                provider = "TemporaryAWSCredentialsProvider"
+            settings["fs.s3a.aws.credentials.provider"] = f"{S3A}.{provider}"
+        return settings

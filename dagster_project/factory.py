@@ -50,7 +50,12 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         sensors=[build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables],
         resources={
             "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),
-            "spark": SparkResource(master=config.spark.master, remote=config.spark.remote, conf=config.spark.conf),
+            "spark": SparkResource(
+                master=config.spark.master,
+                remote=config.spark.remote,
+                conf=config.spark.conf,
+                config_path=settings.config_path,
+            ),
         },
     )
 

@@ -20,6 +20,7 @@ import pytest
 from cdc_assets.storage import StorageConfig
 from cdc_sandbox.pgcluster import ThrowawayCluster
 from cdc_sandbox.s3server import ThrowawayS3Server
+from tests.support.bucket import Bucket
 
 ALL_VERSIONS = [int(v) for v in os.environ.get("CDC_TEST_PG_VERSIONS", "15,16,18").split(",") if v]
 DEFAULT_VERSION = int(os.environ.get("CDC_TEST_PG", "16"))
@@ -127,19 +128,6 @@ def pg_any(request: pytest.FixtureRequest, clusters: ClusterPool) -> Iterator[Da
     _drop_database(db)
 
 
-@dataclass(slots=True)
-class Bucket:
-    """An empty bucket on the test run's S3 server: ``uri`` is ``s3://<name>``."""
-
-    server: ThrowawayS3Server
-    uri: str
-
-    @property
-    def storage(self) -> StorageConfig:
-        """The ``storage`` settings that reach it."""
-        return self.server.storage()
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[ThrowawayS3Server]:
     with ThrowawayS3Server() as server:
@@ -159,6 +147,7 @@ def spark() -> Iterator[Any]:
 
     session = spark_session(
         SparkConfig(
+            storage=StorageConfig(),  # the s3a jars; a bucket's test points its own session at the server
             master="local[2]",
             conf={
                 "spark.ui.enabled": "false",

@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import psycopg
 import pytest
 
@@ -45,7 +46,10 @@ from cdc_assets.apply.runner import apply_tables
 from cdc_assets.config import Config, load_config
 from cdc_assets.drain import drain
 from cdc_assets.setup import setup
+from dagster_project.factory import build_definitions
+from dagster_project.settings import load_settings
 from tests.conftest import Database
+from tests.support.bucket import Bucket
 from tests.support.parity import compare_all, fast_spark, report
 from tests.support.workload import Workload, WorkloadStats, log_coverage, write_workload_config
 
@@ -77,25 +81,50 @@ class SeedResult:
     problems: list[str] = dataclasses.field(default_factory=list)
     coverage: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     elapsed_s: float = 0.0
+    config: Config | None = None
 
 
-def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
+def drop_slots(conn: psycopg.Connection[Any], slots: list[str]) -> None:
+    conn.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ANY(%s) AND NOT active",
+        (slots,),
+    )
+
+
+def run_seed(
+    db: Database,
+    spark: Any,
+    folder: Path,
+    seed: int,
+    *,
+    ops: int = OPS,
+    bucket: Bucket | None = None,
+    drop_slot: bool = True,
+) -> SeedResult:
+    """One seed; with ``bucket``, the change log and the warehouse are in it (``spark`` must reach
+    it); ``drop_slot``: drop the seed's slot at the end (else only if the seed failed)."""
     started = time.monotonic()
     schema, slot = f"diff{seed}", f"diff_{seed}"
     plan = random.Random(f"pipeline-{seed}")  # pipeline choices; the workload has its own stream
     workload = Workload(db.dsn, schema, seed)
     result = SeedResult(seed, workload.stats)
+    sections: dict[str, Any] = {}
+    environ = {DSN_VARIABLE: db.dsn}
+    if bucket is not None:
+        sections = {
+            "changelog": {"path": f"{bucket.uri}/seed{seed}/changelog"},
+            "warehouse": {"path": f"{bucket.uri}/seed{seed}/warehouse"},
+            "storage": bucket.section(),
+        }
+        environ |= bucket.environ()
     try:
         workload.create()
         workload.populate()
-        config = load_config(
-            write_workload_config(
-                folder, {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot}, workload.tables
-            ),
-            environ={DSN_VARIABLE: db.dsn},
-        )
+        source = {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot}
+        config = load_config(write_workload_config(folder, source, workload.tables, **sections), environ=environ)
+        result.config = config
         setup(config)
-        chunks = [OPS // SYNCS + (1 if i < OPS % SYNCS else 0) for i in range(SYNCS)]
+        chunks = [ops // SYNCS + (1 if i < ops % SYNCS else 0) for i in range(SYNCS)]
         large_chunk = plan.randrange(SYNCS)
         for i, ops in enumerate(chunks):
             last = i == SYNCS - 1
@@ -127,7 +156,7 @@ def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
             text = report(parity)
             if text:
                 result.problems.append(f"seed {seed}, after sync {i + 1} of {SYNCS} ({how}):\n{text}")
-        result.coverage = {t.split(".", 1)[1]: c for t, c in log_coverage(config.changelog_path).items()}
+        result.coverage = {t.split(".", 1)[1]: c for t, c in log_coverage(config.changelog_store()).items()}
     except Exception as error:  # noqa: BLE001 — keep going with the other seeds; reported at the end
         result.problems.append(f"seed {seed}: {type(error).__name__}: {error}")
     finally:
@@ -136,10 +165,8 @@ def run_seed(db: Database, spark: Any, folder: Path, seed: int) -> SeedResult:
             mine = "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)"
             for gid in conn.execute(mine, (f"{schema}_",)).fetchall():
                 conn.execute(f"ROLLBACK PREPARED '{gid[0]}'")
-            conn.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
-                (slot,),
-            )
+            if drop_slot or result.problems:
+                drop_slots(conn, [slot])
     result.elapsed_s = time.monotonic() - started
     return result
 
@@ -198,3 +225,56 @@ def test_differential_random_workloads(pg: Database, spark: Any, tmp_path: Path)
     assert coverage["docs"]["unchanged TOAST"] and coverage["docs"]["old K"]
     assert coverage["bag"]["old O"] and coverage["bag"]["unchanged TOAST"] and coverage["coded"]["old K"]
     assert coverage["orders"]["unchanged TOAST"] and all(coverage[t].get("truncate") for t in coverage)
+
+
+BUCKET_SEEDS = (41, 42)
+BUCKET_OPS = 600
+
+
+def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
+    pg: Database, spark: Any, bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The smaller variant with everything in an S3 bucket (a real S3 API server): the change log
+    written by pyarrow, the Delta tables merged by Spark through s3a, read back by Spark and by
+    delta-rs from the bucket; then each table's Dagster sensor decides from the bucket alone — up
+    to date after the merges, a merge requested once the log holds more changes."""
+
+    def one(seed: int) -> SeedResult:
+        session = spark.newSession()
+        bucket.configure(session)
+        with fast_spark(session):
+            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=BUCKET_OPS, bucket=bucket, drop_slot=False)
+
+    with ThreadPoolExecutor(len(BUCKET_SEEDS), thread_name_prefix="seed") as pool:
+        results = list(pool.map(one, BUCKET_SEEDS))
+    assert not [p for r in results for p in r.problems], "\n\n".join(p for r in results for p in r.problems)
+    assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
+    config = results[0].config
+    assert config is not None and config.changelog_path.startswith(bucket.uri)
+    assert config.target_path(config.tables[0]).startswith(bucket.uri)
+    assert not list((tmp_path / f"seed{BUCKET_SEEDS[0]}").glob("*/"))  # nothing but cdc.yaml on disk
+
+    monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
+    for variable, value in bucket.environ().items():
+        monkeypatch.setenv(variable, value)
+    defs = build_definitions(load_settings(str(config.path)))
+    instance = dg.DagsterInstance.ephemeral()
+
+    def ticks() -> dict[str, Any]:
+        found = {}
+        for sensor in defs.sensors:
+            context = dg.build_sensor_context(instance=instance, definitions=defs)
+            found[sensor.name] = sensor.evaluate_tick(context)
+        return found
+
+    quiet = ticks()
+    assert len(quiet) == len(config.tables)
+    assert all(not t.run_requests and "up to date" in (t.skip_message or "") for t in quiet.values()), {
+        name: t.skip_message for name, t in quiet.items()
+    }
+    pg.execute("TRUNCATE ONLY " + ", ".join(t.name.sql for t in config.tables))  # a change in every table
+    drain(config, wait=True)
+    due = ticks()
+    assert all(len(t.run_requests) == 1 for t in due.values()), {name: t.skip_message for name, t in due.items()}
+    with pg.connect() as conn:
+        drop_slots(conn, [f"diff_{seed}" for seed in BUCKET_SEEDS])

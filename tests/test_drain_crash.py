@@ -25,12 +25,10 @@ from typing import Any
 import pytest
 
 from cdc_assets.changelog.store import LogStore
-from tests.conftest import Bucket
+from tests.support.bucket import Bucket
 from tests.support.crash import (
     BATCH_FILES,
-    KEY_ID_VARIABLE,
     SCHEMA_SQL,
-    SECRET_VARIABLE,
     DrainMonitor,
     LedgerWorkload,
     LogState,
@@ -121,10 +119,10 @@ def test_kills_with_the_change_log_in_a_bucket(
 ) -> None:
     """The same with the change log in an S3 bucket (a real S3 API server): no rename there — the
     checkpoint is replaced by one PUT — and nothing is lost or duplicated either."""
-    monkeypatch.setenv(KEY_ID_VARIABLE, bucket.storage.access_key_id or "")
-    monkeypatch.setenv(SECRET_VARIABLE, bucket.storage.secret_access_key or "")
+    for variable, value in bucket.environ().items():
+        monkeypatch.setenv(variable, value)
     changelog = f"{bucket.uri}/changelog"
-    config, slot = _setup(pg, tmp_path, changelog=changelog, storage=bucket.storage)
+    config, slot = _setup(pg, tmp_path, changelog=changelog, storage=bucket.section())
     _kill_until_quota(pg, config, slot, LogStore(changelog, bucket.storage), BUCKET_KILL_QUOTA)
 
 

@@ -9,13 +9,14 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from cdc_assets.apply.session import hadoop_version, session_settings
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import applied_lsn
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from cdc_assets.config import parse_config
 from cdc_assets.errors import ConfigError
 from cdc_assets.storage import StorageConfig
-from tests.conftest import Bucket
+from tests.support.bucket import Bucket
 
 BASE = """
 source: {dsn: "host=h user=u password=dsn-secret"}
@@ -51,6 +52,47 @@ def test_storage_section_configures_every_client_and_hides_its_credentials() -> 
     assert _parse("").storage == StorageConfig()  # type: ignore[attr-defined]
     chain = _parse("storage: {region: us-east-2}\n").storage  # type: ignore[attr-defined]
     assert not chain.uses_path_style and "AWS_ACCESS_KEY_ID" not in chain.delta_rs_options()
+
+
+def test_spark_gets_s3a_settings_and_jars_for_a_warehouse_on_s3() -> None:
+    """With the warehouse on S3, the classic session starts with Hadoop's s3a settings from the same
+    section (``s3://`` read by s3a too) and the hadoop-aws jar of pyspark's own Hadoop; its
+    credentials stay out of the configuration's ``repr``. A local warehouse gets neither."""
+    config = _parse(
+        "storage:\n  endpoint: http://minio:9000\n  access_key_id: ${KEY}\n  secret_access_key: ${SECRET}\n",
+        {"KEY": KEY_ID, "SECRET": SECRET},
+    )
+    spark = config.spark  # type: ignore[attr-defined]
+    assert spark.storage == config.storage  # type: ignore[attr-defined]
+    assert KEY_ID not in repr(spark) and SECRET not in repr(spark)
+    settings = session_settings(spark)
+    assert {k: v for k, v in settings.items() if k.startswith("spark.hadoop.")} == {
+        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.endpoint": "http://minio:9000",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
+        "spark.hadoop.fs.s3a.access.key": KEY_ID,
+        "spark.hadoop.fs.s3a.secret.key": SECRET,
+        "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+    }
+    assert f"org.apache.hadoop:hadoop-aws:{hadoop_version()}" in settings["spark.jars.packages"].split(",")
+    assert hadoop_version().startswith("3.")
+    token = StorageConfig(region="eu-west-1", access_key_id="k", secret_access_key="s", session_token="t")
+    assert token.hadoop_settings()["fs.s3a.aws.credentials.provider"].endswith("TemporaryAWSCredentialsProvider")
+    assert "fs.s3a.endpoint" not in StorageConfig(region="eu-west-1").hadoop_settings()  # AWS itself
+    assert "fs.s3a.access.key" not in StorageConfig().hadoop_settings()  # the default credential chain
+    local = parse_config(BASE.replace("s3://lake/warehouse", "/data/warehouse"), origin=Path("/c.yaml"), environ={})
+    assert local.spark.storage is None
+    assert not any(k.startswith("spark.hadoop.") for k in session_settings(local.spark))
+    assert "hadoop-aws" not in session_settings(local.spark).get("spark.jars.packages", "")
+    one_target = parse_config(
+        BASE.replace("s3://lake/warehouse", "/w").replace("{public.t: {}}", "{public.t: {target: s3://lake/t}}"),
+        origin=Path("/c.yaml"),
+        environ={},
+    )
+    assert one_target.spark.storage == StorageConfig()  # one table on S3 is enough
 
 
 @pytest.mark.parametrize(

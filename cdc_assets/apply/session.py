@@ -7,7 +7,10 @@ are not on Maven Central, so the package requested is the newest published one f
 minor (``DELTA_JARS_VERSION``); set ``spark.jars.packages`` or ``spark.jars`` in the
 configuration to choose other jars (e.g. for an offline cluster). When Delta's jar is already on
 Spark's own classpath (``$SPARK_HOME/jars``, as in deploy/Dockerfile's image), nothing is
-resolved. A Spark Connect server must have Delta installed itself.
+resolved. With the warehouse on S3 (``SparkConfig.storage``), the session also gets Hadoop's s3a
+settings from the ``storage`` section and the ``hadoop-aws`` jar of the Hadoop that pyspark ships
+(which brings the AWS SDK bundle), unless it is on the classpath already. A Spark Connect server
+must have Delta, and for S3 the s3a jars and settings, installed itself.
 """
 
 from __future__ import annotations
@@ -35,8 +38,22 @@ def delta_package(spark_version: str = pyspark.__version__) -> str:
     return f"io.delta:delta-spark_{minor}_{SCALA_VERSION}:{DELTA_JARS_VERSION}"
 
 
+def hadoop_aws_package() -> str:
+    """The Maven coordinates of the ``hadoop-aws`` jar matching the Hadoop client Spark runs with."""
+    return f"org.apache.hadoop:hadoop-aws:{hadoop_version()}"
+
+
+def hadoop_version() -> str:
+    """The version of the Hadoop client jars on Spark's classpath (``hadoop-client-api-3.5.0.jar``)."""
+    for folder in _jar_folders():
+        for jar in sorted(folder.glob("hadoop-client-api-*.jar")):
+            return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    raise RuntimeError(f"no hadoop-client-api jar in {sorted(map(str, _jar_folders()))}: cannot choose hadoop-aws")
+
+
 def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[str, str]:
-    """Every setting a classic session starts with: Delta, UTC, small shuffles, then the user's."""
+    """Every setting a classic session starts with: Delta, UTC, small shuffles, s3a for a warehouse
+    on S3, then the user's."""
     settings = {
         "spark.app.name": app_name,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -55,8 +72,13 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         # VACUUM lists the table's folder with this many tasks; Spark's default (10,000) made a
         # VACUUM of a small table take 45-80 s on two local cores instead of 3-5 s.
         settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(_local_cores(master))
-    if "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf and not delta_on_classpath():
-        settings["spark.jars.packages"] = delta_package()
+    packages = [] if delta_on_classpath() else [delta_package()]
+    if config.storage is not None:
+        settings |= {f"spark.hadoop.{key}": value for key, value in config.storage.hadoop_settings().items()}
+        if not _on_classpath("hadoop-aws-*.jar"):
+            packages.append(hadoop_aws_package())
+    if packages and "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
+        settings["spark.jars.packages"] = ",".join(packages)
     if not os.environ.get("HOME"):
         settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
     settings.update(config.conf)
@@ -65,10 +87,18 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
 
 def delta_on_classpath() -> bool:
     """Whether Spark's own jars (pyspark's ``jars`` folder, or ``$SPARK_HOME/jars``) include Delta."""
-    folders = {Path(pyspark.__file__).resolve().parent / "jars"}
-    if os.environ.get("SPARK_HOME"):
-        folders.add(Path(os.environ["SPARK_HOME"]) / "jars")
-    return any(any(folder.glob("*delta-spark_*.jar")) for folder in folders if folder.is_dir())
+    return _on_classpath("*delta-spark_*.jar")
+
+
+def _on_classpath(pattern: str) -> bool:
+    return any(any(folder.glob(pattern)) for folder in _jar_folders())
+
+
+def _jar_folders() -> list[Path]:
+    """Spark's own jar folders: ``$SPARK_HOME/jars`` first, then pyspark's."""
+    folders = [Path(os.environ["SPARK_HOME"]) / "jars"] if os.environ.get("SPARK_HOME") else []
+    folders.append(Path(pyspark.__file__).resolve().parent / "jars")
+    return [folder for folder in folders if folder.is_dir()]
 
 
 def _local_cores(master: str) -> int:

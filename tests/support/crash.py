@@ -30,6 +30,7 @@ from typing import Any
 import psycopg
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+import yaml
 
 from cdc_assets.changelog.layout import (
     CHECKPOINT,
@@ -42,7 +43,6 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
-from cdc_assets.storage import StorageConfig
 from tests.support.pipeline import wait_until
 
 EVENTS = "public.events"
@@ -63,9 +63,6 @@ SCHEMA_SQL = (
 # -- the command line --------------------------------------------------------------------------
 
 
-KEY_ID_VARIABLE, SECRET_VARIABLE = "CDC_S3_ACCESS_KEY_ID", "CDC_S3_SECRET_ACCESS_KEY"
-
-
 def write_ledger_config(
     directory: Path,
     slot: str,
@@ -73,21 +70,11 @@ def write_ledger_config(
     batch_changes: int = 50,
     streaming: str = "off",
     changelog: str = "./changelog",
-    storage: StorageConfig | None = None,
+    storage: dict[str, Any] | None = None,
 ) -> Path:
-    """The crash tests' ``cdc.yaml``; with ``storage``, a ``storage`` section whose credentials are
-    read from ``$CDC_S3_ACCESS_KEY_ID`` and ``$CDC_S3_SECRET_ACCESS_KEY`` (set them in the environment)."""
+    """The crash tests' ``cdc.yaml``; ``storage``: its ``storage`` section (``Bucket.section``)."""
     path = directory / "cdc.yaml"
-    storage_section = (
-        "storage:\n"
-        f"  endpoint: {storage.endpoint}\n"
-        f"  region: {storage.region}\n"
-        "  path_style: true\n"
-        f"  access_key_id: ${{{KEY_ID_VARIABLE}}}\n"
-        f"  secret_access_key: ${{{SECRET_VARIABLE}}}\n"
-        if storage is not None
-        else ""
-    )
+    storage_section = yaml.safe_dump({"storage": storage}, sort_keys=False) if storage is not None else ""
     path.write_text(
         "source:\n"
         "  dsn: ${CDC_SOURCE_DSN}\n"

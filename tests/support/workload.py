@@ -57,6 +57,8 @@ import psycopg
 import yaml
 from psycopg.types.json import Jsonb
 
+from cdc_assets.changelog.store import LogStore
+
 TABLES = ("kinds", "docs", "parent", "child", "bag", "coded", "events", "orders")
 ROW_FILTER = "status <> 'draft' AND amount > 10"
 FILTERED = {"orders": ROW_FILTER}
@@ -993,7 +995,7 @@ class Workload:
             self._unit_ops += 1
 
 
-def log_coverage(changelog: str) -> dict[str, dict[str, int]]:
+def log_coverage(changelog: str | LogStore) -> dict[str, dict[str, int]]:
     """What the change log of a run holds, per table: records by operation, key changes, updates
     with unchanged TOAST columns, old images by kind — evidence that the workload exercised what
     it claims to."""

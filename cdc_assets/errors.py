@@ -80,6 +80,11 @@ class NotSetUpError(CdcError):
     """The change log has no checkpoint: ``cdc-assets setup`` has not run (or not finished)."""
 
 
+class StorageError(CdcError):
+    """The change log's or a Delta table's storage cannot be reached or read (a missing bucket,
+    refused access, an unreachable endpoint): the message names the location, never a credential."""
+
+
 class SourceError(CdcError):
     """The source database failed or refused a request (connection, server settings, catalogs)."""
 

@@ -13,6 +13,7 @@ bucket only (docs/architecture.md, "Object storage").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -21,6 +22,19 @@ import pyarrow.fs as pafs
 S3_SCHEMES = ("s3", "s3a")
 S3A = "org.apache.hadoop.fs.s3a"
 DEFAULT_REGION = "us-east-1"  # what an S3-compatible server is asked for when no region is set (it ignores it)
+
+
+def describe_storage_error(error: BaseException) -> str:
+    """A storage client's error on one line: its chain of causes, the HTTP status and the S3 error
+    code and message, without terminal colours, query strings or the XML around them (neither
+    pyarrow's nor delta-rs's messages hold credentials)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).replace("\u21b3", "")
+    steps = [re.sub(r"\?\S*", "", line.strip()) for line in text.splitlines()]
+    steps = [step for step in steps if step and not step.startswith("<")]
+    code, message = re.search(r"<Code>(.*?)</Code>", text), re.search(r"<Message>(.*?)</Message>", text)
+    if code:
+        steps.append(f"{code.group(1)}: {message.group(1)}" if message else code.group(1))
+    return " → ".join(steps) or type(error).__name__
 
 
 def is_s3(uri: str) -> bool:

@@ -1,15 +1,17 @@
-"""Build step of deploy/Dockerfile: put Delta's jars on Spark's own classpath.
+"""Build step of deploy/Dockerfile: put Delta's jars, and s3a's for ``s3://`` paths, on Spark's own
+classpath.
 
     python deploy/install_delta_jars.py SPARK_HOME IVY_DIR
 
-Starts a local Spark session that resolves Delta's jars with Spark's Ivy into IVY_DIR (from Maven
-Central), writes, merges and reads a small Delta table as a smoke test, then copies into
+Starts a local Spark session that resolves Delta's jars and ``hadoop-aws`` (with the AWS SDK
+bundle it depends on) with Spark's Ivy into IVY_DIR (from Maven Central), writes, merges and reads
+a small Delta table as a smoke test, then copies into
 ``SPARK_HOME/jars`` only the resolved jars whose artifact Spark does not ship itself. Spark's own
 versions win, as they do for ``spark.jars.packages`` (Spark's jars come first on the classpath):
 copying every resolved jar would put a second, older Jackson, Hadoop client, Parquet and
 RoaringBitmap beside Spark's. Afterwards every driver, master and worker started from this
-SPARK_HOME has Delta without contacting Maven, and ``cdc_assets.apply.session`` stops asking
-for the package (``delta_on_classpath``).
+SPARK_HOME has Delta and s3a without contacting Maven, and ``cdc_assets.apply.session`` stops
+asking for the packages.
 """
 
 from __future__ import annotations
@@ -36,10 +38,11 @@ def artifact(jar: str, *, ivy: bool = False) -> str:
 
 def install(spark_home: Path, ivy: Path) -> list[Path]:
     """Resolve, smoke-test and copy; returns the jars copied into ``spark_home/jars``."""
-    from cdc_assets.apply.session import delta_package, spark_session
+    from cdc_assets.apply.session import delta_package, hadoop_aws_package, spark_session
     from cdc_assets.config import SparkConfig
 
-    conf = {"spark.jars.packages": delta_package(), "spark.jars.ivy": str(ivy), "spark.ui.enabled": "false"}
+    packages = f"{delta_package()},{hadoop_aws_package()}"
+    conf = {"spark.jars.packages": packages, "spark.jars.ivy": str(ivy), "spark.ui.enabled": "false"}
     spark = spark_session(SparkConfig(master="local[1]", conf=conf), app_name="install-delta-jars")
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/smoke"
@@ -56,8 +59,9 @@ def install(spark_home: Path, ivy: Path) -> list[Path]:
     for jar in sorted((ivy / "jars").glob("*.jar")):
         if artifact(jar.name, ivy=True) not in shipped:
             copied.append(Path(shutil.copy2(jar, jars / jar.name)))
-    if not any(artifact(p.name, ivy=True).startswith("delta-spark_") for p in copied):
-        raise SystemExit(f"no delta-spark jar was copied from {ivy / 'jars'}")
+    for wanted in ("delta-spark_", "hadoop-aws"):
+        if not any(artifact(p.name, ivy=True).startswith(wanted) for p in copied):
+            raise SystemExit(f"no {wanted} jar was copied from {ivy / 'jars'}")
     return copied
 
 

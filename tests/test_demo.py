@@ -11,6 +11,7 @@ postmaster, which ``pg_ctl`` detaches (found through the cluster's ``postmaster.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 import urllib.error
 import urllib.request
@@ -120,6 +121,35 @@ def test_sigterm_stops_the_demo_midway_with_its_postgres_and_spark(tmp_path: Pat
         assert "parity" not in command.output, "the demo went on after SIGTERM"
     finally:
         command.kill_group()
+        _remove_cluster(folder)
+
+
+def test_demo_on_s3_ends_with_parity_ok_and_never_shows_its_keys(tmp_path: Path) -> None:
+    """``demo --storage s3``: the change log and the Delta tables in a bucket of a throwaway S3
+    server, reached by pyarrow, Spark's s3a and delta-rs from one ``storage`` section. The key pair
+    (given through the environment, as a user would) appears in no line the command printed (its
+    log, Spark's, Dagster's) and in no file it left — Dagster's event log and run storage, the
+    configuration (which holds ``${ENV}`` references) — and ``--ui`` refuses the folder clearly."""
+    key_id, secret = f"demo-key-{secrets.token_hex(8)}", f"demo-secret-{secrets.token_hex(16)}"
+    keys = {"CDC_DEMO_S3_ACCESS_KEY_ID": key_id, "CDC_DEMO_S3_SECRET_ACCESS_KEY": secret}
+    command = Command("demo", "--dir", "shop", "--storage", "s3", cwd=tmp_path, env=keys)
+    folder = tmp_path / "shop"
+    try:
+        output = command.finish(timeout=900)
+    finally:
+        command.kill_group()
+    try:
+        assert command.process.returncode == 0, output
+        assert "\nparity OK\n" in output and "s3://cdc-demo" in output, output
+        assert not (folder / "changelog").exists() and not (folder / "warehouse").exists()
+        for shown in (key_id, secret):
+            assert shown not in output, "a key was printed"
+            leaked = [f for f in folder.rglob("*") if f.is_file() and shown.encode() in f.read_bytes()]
+            assert not leaked, f"a key is in {leaked}"
+        assert any((folder / "dagster_home").rglob("*.db")), "no Dagster storage to look into"
+        ui = Command("demo", "--ui", "--dir", "shop", cwd=tmp_path)
+        assert "gone with it" in ui.finish(timeout=120) and ui.process.returncode != 0
+    finally:
         _remove_cluster(folder)
 
 

@@ -30,6 +30,7 @@ from dagster._core.workspace.config_schema import ensure_workspace_config
 from dagster._core.workspace.load import location_origins_from_yaml_paths
 
 from cdc_assets.config import load_config
+from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
 from tests.support.dagster_env import DSN_VARIABLE, ROOT
@@ -91,6 +92,16 @@ def volume_mounts(service: dict[str, Any]) -> list[tuple[str, str, str]]:
             kind, source, target = entry["type"], entry.get("source", ""), entry["target"]
         mounts.append((kind, source, target))
     return mounts
+
+
+def s3_environ(compose: dict[str, Any], documented: dict[str, str]) -> dict[str, str]:
+    """The ``CDC_S3_*`` variables the Dagster services get, resolved from ``documented`` (.env's keys)."""
+    env = environment(compose["services"]["code_location"])
+    return {
+        name: _INTERPOLATION.sub(lambda m: documented[m.group(1) or m.group(3)], str(env[name]))
+        for name in env
+        if name.startswith("CDC_S3_")
+    }
 
 
 def env_file_keys(path: Path) -> dict[str, str]:
@@ -222,8 +233,10 @@ def test_compose_interpolates_only_variables_that_env_example_documents(compose:
     assert "CDC_SOURCE_DSN" in used and used["CDC_SOURCE_DSN"] is False
     assert set(used) <= set(documented), f"not in .env.example: {set(used) - set(documented)}"
     # The documented DSN is one the project's configuration accepts.
-    config = load_config(DEPLOY / "cdc.yaml", environ={DSN_VARIABLE: documented[DSN_VARIABLE]})
+    environ = {DSN_VARIABLE: documented[DSN_VARIABLE], **s3_environ(compose, documented)}
+    config = load_config(DEPLOY / "cdc.yaml", environ=environ)
     assert config.source.dsn == documented[DSN_VARIABLE]
+    assert config.storage.secret_access_key == documented["MINIO_ROOT_PASSWORD"]
 
 
 # -- Dockerfile ----------------------------------------------------------------------------------------
@@ -361,10 +374,11 @@ def test_workspace_file_loads_as_a_dagster_workspace_pointing_at_the_code_locati
 
 
 def test_pipeline_config_loads_and_builds_the_code_location(
-    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch, s3_server: ThrowawayS3Server, tmp_path: Path
 ) -> None:
     dsn = "host=db.example.com dbname=shop user=cdc password=pw"
-    config = load_config(DEPLOY / "cdc.yaml", environ={DSN_VARIABLE: dsn})
+    keys = s3_environ(compose, env_file_keys(DEPLOY / ".env.example"))
+    config = load_config(DEPLOY / "cdc.yaml", environ={DSN_VARIABLE: dsn, **keys})
     assert config.source.dsn == dsn
     assert [str(t.name) for t in config.tables] == ["public.orders"]
 
@@ -377,15 +391,28 @@ def test_pipeline_config_loads_and_builds_the_code_location(
     assert master.group(1) in services["spark_master"]["networks"]["default"]["aliases"]
     assert config.spark.master in services["spark_worker"]["command"]
 
-    # The change log and the warehouse are on the volume the code location and the worker share.
+    # The change log and the warehouse are in the bucket the minio_bucket service creates on the
+    # minio service, which the code location waits for; Spark reaches it through s3a.
+    bucket = shlex.split(services["minio_bucket"]["command"][0])[-1].removeprefix("lake/")
     for path in (config.changelog_path, config.warehouse_path, *(config.target_path(t) for t in config.tables)):
-        for name in ("code_location", "spark_worker"):
-            assert any(path.startswith(target + "/") for kind, _, target in volume_mounts(services[name])
-                       if kind == "volume"), (name, path)  # fmt: skip
+        assert path.startswith(f"s3://{bucket}/"), path
+    assert config.storage.endpoint == "http://minio:9000" and "minio" in services
+    assert services["code_location"]["depends_on"]["minio_bucket"]["condition"] == "service_completed_successfully"
+    assert config.spark.storage == config.storage
+    instance = yaml.safe_load((DEPLOY / "dagster.yaml").read_text())
+    for name in ("code_location", "daemon", "webserver"):
+        assert set(keys) <= set(environment(services[name])), name
+    assert set(keys) <= set(instance["run_launcher"]["config"]["env_vars"])
+    for variable, value in keys.items():
+        monkeypatch.setenv(variable, value)
 
-    # The code location's own loader (the DSN stays an environment reference) and its definitions.
+    # The code location's own loader (the DSN stays an environment reference) and its definitions,
+    # which read the change log's checkpoint: from the test's S3 server in place of the minio service.
     monkeypatch.delenv(DSN_VARIABLE, raising=False)
-    settings = load_settings(str(DEPLOY / "cdc.yaml"))
+    s3_server.create_bucket(bucket)
+    local = tmp_path / "cdc.yaml"
+    local.write_text((DEPLOY / "cdc.yaml").read_text().replace(config.storage.endpoint, s3_server.endpoint))
+    settings = load_settings(str(local))
     assert settings.dsn_env == DSN_VARIABLE
     defs = build_definitions(settings)
     dg.Definitions.validate_loadable(defs)

@@ -3,19 +3,26 @@ and the change log's store and delta-rs reaching the same bucket on a real S3 AP
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import yaml
 from deltalake import write_deltalake
 
 from cdc_assets.apply.session import hadoop_version, session_settings
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import applied_lsn
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import parse_config
-from cdc_assets.errors import ConfigError
+from cdc_assets.errors import ConfigError, StorageError
 from cdc_assets.storage import StorageConfig
+from cdc_sandbox.pgcluster import free_port
 from tests.support.bucket import Bucket
 
 BASE = """
@@ -25,6 +32,7 @@ warehouse: {path: s3://lake/warehouse}
 tables: {public.t: {}}
 """
 KEY_ID, SECRET = "AKIA-do-not-show", "s3cr3t-do-not-show"
+CHECKPOINT = Checkpoint("cdc_slot", 0x20)
 
 
 def _parse(storage: str, environ: dict[str, str] | None = None) -> object:
@@ -144,3 +152,36 @@ def test_the_change_log_store_and_delta_rs_reach_the_bucket(bucket: Bucket, tmp_
     assert table_files(target, config.delta_storage_options).files == 1
     assert table_files(target.replace("s3://", "s3a://"), config.delta_storage_options).files == 1
     assert applied_lsn(target, "cdc_assets:cdc_slot:public.t", config.delta_storage_options) is None
+
+
+def test_an_unreachable_bucket_is_a_clear_error_that_shows_no_credential(bucket: Bucket, tmp_path: Path) -> None:
+    """A Delta table in a bucket that does not exist, and a change log the server refuses: the
+    command line says what and where (the location, the server's error code) in one line, no
+    traceback, and neither key appears in it."""
+    document = {
+        "source": {"dsn": "${DSN}"},
+        "changelog": {"path": f"{bucket.uri}/changelog"},
+        "warehouse": {"path": "s3://no-such-bucket/warehouse"},
+        "storage": bucket.section(),
+        "tables": {"public.t": {}},
+    }
+    config = tmp_path / "cdc.yaml"
+    config.write_text(yaml.safe_dump(document))
+    environ = {**os.environ, **bucket.environ(), "DSN": "host=127.0.0.1 port=1 dbname=none"}
+    write_checkpoint(parse_config(config.read_text(), origin=config, environ=environ).changelog_store(), CHECKPOINT)
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc_assets", "status", "-c", str(config)],
+        capture_output=True, text=True, env=environ, timeout=120, check=False,
+    )  # fmt: skip
+    shown = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in shown, shown
+    assert "cdc-assets: cannot read the Delta table at s3://no-such-bucket/warehouse/public/t" in shown, shown
+    assert "NoSuchBucket" in shown, shown
+    for secret in bucket.storage.secrets:
+        assert secret not in shown
+
+    nobody = replace(bucket.storage, endpoint=f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    refused = LogStore(f"{bucket.uri}/changelog", nobody)
+    with pytest.raises(StorageError, match=f"cannot read the change log at {bucket.uri}/changelog") as error:
+        refused.read_bytes("_checkpoint.json")
+    assert not any(secret in str(error.value) for secret in bucket.storage.secrets)

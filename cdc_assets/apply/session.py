@@ -75,7 +75,7 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
     packages = [] if delta_on_classpath() else [delta_package()]
     if config.storage is not None:
         settings |= {f"spark.hadoop.{key}": value for key, value in config.storage.hadoop_settings().items()}
-        if not _on_classpath("hadoop-aws-*.jar"):
+        if not _on_classpath("*hadoop-aws-*.jar"):
             packages.append(hadoop_aws_package())
     if packages and "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
         settings["spark.jars.packages"] = ",".join(packages)

@@ -25,6 +25,8 @@ from pyspark.sql import types as T
 
 from cdc_assets.apply.planner import COMMIT_TIME, LSN
 from cdc_assets.apply.spark_types import spark_type
+from cdc_assets.errors import StorageError
+from cdc_assets.storage import describe_storage_error
 
 DEFAULT_TABLE_PROPERTIES = {
     "delta.enableDeletionVectors": "true",
@@ -47,6 +49,8 @@ def applied_lsn(path: str, app: str, storage_options: dict[str, str] | None = No
         table = RustDeltaTable(path, storage_options=storage_options)
     except TableNotFoundError:
         return None
+    except OSError as error:
+        raise StorageError(f"cannot read the Delta table at {path}: {describe_storage_error(error)}") from None
     return table.transaction_version(app)
 
 

@@ -17,7 +17,8 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from cdc_assets.storage import StorageConfig
+from cdc_assets.errors import StorageError
+from cdc_assets.storage import StorageConfig, describe_storage_error
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 TEMPORARY_MARK = ".tmp-"  # in the name of a file being replaced
@@ -48,30 +49,42 @@ class LogStore:
         return f"{self._base}/{name}" if name else self._base
 
     def exists(self, name: str) -> bool:
-        return bool(self.fs.get_file_info(self.path(name)).type != pafs.FileType.NotFound)
+        with self._reaching():
+            return bool(self.fs.get_file_info(self.path(name)).type != pafs.FileType.NotFound)
 
     def list(self, folder: str) -> list[str]:
         """Names of the files directly inside ``folder`` (relative to the root), sorted."""
-        selector = pafs.FileSelector(self.path(folder), allow_not_found=True, recursive=False)
-        infos = self.fs.get_file_info(selector)
-        prefix = self.path("") + "/"
-        return sorted(i.path[len(prefix) :] for i in infos if i.type == pafs.FileType.File)
+        return self._entries(folder, pafs.FileType.File)
 
     def folders(self, folder: str) -> builtins.list[str]:  # `list` here is the method above
         """Names of the folders directly inside ``folder``."""
+        return self._entries(folder, pafs.FileType.Directory)
+
+    def _entries(self, folder: str, kind: pafs.FileType) -> builtins.list[str]:
         selector = pafs.FileSelector(self.path(folder), allow_not_found=True, recursive=False)
-        infos = self.fs.get_file_info(selector)
+        with self._reaching():
+            infos = self.fs.get_file_info(selector)
         prefix = self.path("") + "/"
-        return sorted(i.path[len(prefix) :] for i in infos if i.type == pafs.FileType.Directory)
+        return sorted(i.path[len(prefix) :] for i in infos if i.type == kind)
 
     def read_bytes(self, name: str) -> bytes | None:
         """The file's contents, or None if it does not exist."""
         try:
-            with self.fs.open_input_stream(self.path(name)) as stream:
+            with self._reaching(), self.fs.open_input_stream(self.path(name)) as stream:
                 data: bytes = stream.read()
                 return data
         except FileNotFoundError:
             return None
+
+    @contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """A storage failure (not a missing file) as a :class:`StorageError` naming the log's root."""
+        try:
+            yield
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            raise StorageError(f"cannot read the change log at {self.root}: {describe_storage_error(error)}") from None
 
     @contextmanager
     def create(self, name: str) -> Iterator[IO[bytes] | pa.NativeFile]:

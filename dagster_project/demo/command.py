@@ -22,6 +22,13 @@ def add_demo_command(commands: Any) -> None:
     )
     demo.add_argument("--dir", default="cdc-demo", help="folder for the demo's data (default: ./cdc-demo)")
     demo.add_argument("--force", action="store_true", help="replace the folder if it is not empty")
+    demo.add_argument(
+        "--storage",
+        choices=("local", "s3"),
+        default="local",
+        help="where the change log and the Delta tables go: folders in --dir (default), or a bucket on a throwaway"
+        " S3 server (moto's; its objects live in its memory and go with the demo)",
+    )
     demo.add_argument("--ui", action="store_true", help="open the Dagster UI on the folder of an earlier demo")
     demo.add_argument("--port", type=int, default=3000, help="port of the Dagster UI (with --ui; default 3000)")
     demo.set_defaults(run=_run)
@@ -32,4 +39,4 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.ui:
         return open_ui(Path(args.dir), port=args.port)
-    return 0 if run_demo(Path(args.dir), force=args.force) else 1
+    return 0 if run_demo(Path(args.dir), force=args.force, storage=args.storage) else 1

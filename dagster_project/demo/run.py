@@ -6,8 +6,15 @@ the slot and the initial snapshot, then runs two rounds of changes through Dagst
 the drain asset as the schedule would, the table assets the sensors ask for — runs the asset
 checks, prints a per-table summary and the parity verdict, and the command that opens the Dagster
 UI on the same folder (``cdc-assets demo --ui``).
+
+With ``storage="s3"`` the change log and the Delta tables go to a bucket on a throwaway S3 server
+(:class:`cdc_sandbox.s3server.ThrowawayS3Server`, moto's) instead, reached through the
+configuration's ``storage`` section — pyarrow, Spark's s3a and delta-rs alike — with the key pair
+read from ``$CDC_DEMO_S3_ACCESS_KEY_ID`` / ``$CDC_DEMO_S3_SECRET_ACCESS_KEY`` (set by the demo when
+absent). The server keeps its objects in memory, so such a demo cannot be opened again with ``--ui``.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -16,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +34,7 @@ from cdc_assets.config import load_config
 from cdc_assets.errors import CdcError
 from cdc_assets.setup import setup
 from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
+from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.assets import CHANGELOG_KEY, mirror_key
 from dagster_project.demo import workload
 from dagster_project.factory import build_definitions
@@ -35,17 +44,21 @@ DSN_ENV = "CDC_SOURCE_DSN"
 STATE_FILE = "demo.json"
 TABLES = ("public.customers", "public.orders", "public.order_lines")
 
+KEY_ID_ENV, SECRET_ENV = "CDC_DEMO_S3_ACCESS_KEY_ID", "CDC_DEMO_S3_SECRET_ACCESS_KEY"
+BUCKET = "cdc-demo"
+LOCAL_PATHS = """\
+changelog:
+  path: ./changelog
+warehouse:
+  path: ./warehouse
+"""
 CONFIG = """\
 # cdc-assets configuration written by `cdc-assets demo`.
 source:
   dsn: ${CDC_SOURCE_DSN}
   publication: cdc_pub
   slot: cdc_slot
-changelog:
-  path: ./changelog
-warehouse:
-  path: ./warehouse
-spark:
+{paths}spark:
   master: local[2]
   conf:
     spark.ui.enabled: false
@@ -74,8 +87,8 @@ class DemoError(CdcError):
     """The demo cannot run (its folder is in the way, or it was never run)."""
 
 
-def run_demo(folder: Path, *, force: bool = False, out: Callable[[str], None] = print) -> bool:
-    """Run the demo into ``folder``; True when every table equals its source."""
+def run_demo(folder: Path, *, force: bool = False, storage: str = "local", out: Callable[[str], None] = print) -> bool:
+    """Run the demo into ``folder`` (``storage``: ``local`` or ``s3``); True when every table equals its source."""
     folder = folder.resolve()
     if folder.exists() and any(folder.iterdir()):
         if not force:
@@ -83,10 +96,49 @@ def run_demo(folder: Path, *, force: bool = False, out: Callable[[str], None] = 
         _remove(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cluster_root = _cluster_root(folder)
-    (folder / STATE_FILE).write_text(json.dumps({"cluster": str(cluster_root)}))
-    (folder / "cdc.yaml").write_text(CONFIG)
+    (folder / STATE_FILE).write_text(json.dumps({"cluster": str(cluster_root), "storage": storage}))
     (folder / "dagster_home").mkdir()
     (folder / "dagster_home" / "dagster.yaml").write_text(DAGSTER_YAML)
+    with ExitStack() as stack:
+        if storage == "s3":
+            s3 = stack.enter_context(_s3_server())
+            s3.create_bucket(BUCKET)
+            paths = _s3_paths(s3)
+            out(f"S3 server (moto) on {s3.endpoint}: the change log and the Delta tables go to s3://{BUCKET}")
+        else:
+            paths = LOCAL_PATHS
+        (folder / "cdc.yaml").write_text(CONFIG.replace("{paths}", paths))
+        ok = _run_pipeline(folder, cluster_root, out)
+    if storage == "s3":
+        out(f"\nThe change log and the Delta tables were in s3://{BUCKET}, gone with the S3 server;")
+        out(f"PostgreSQL's data and the Dagster runs are in {folder}.")
+    else:
+        out(f"\nEverything is in {folder} (PostgreSQL data, change log, Delta tables, Dagster runs).")
+        out(f"Open the Dagster UI on it:  cdc-assets demo --ui --dir {folder}")
+    return ok
+
+
+def _s3_server() -> ThrowawayS3Server:
+    """The demo's S3 server, with the key pair from the environment (set there when absent)."""
+    if importlib.util.find_spec("moto") is None:
+        raise DemoError("the S3 demo needs moto's S3 server: pip install 'cdc-assets[demo]'")
+    server = ThrowawayS3Server()
+    server.access_key_id = os.environ.setdefault(KEY_ID_ENV, server.access_key_id)
+    server.secret_access_key = os.environ.setdefault(SECRET_ENV, server.secret_access_key)
+    return server
+
+
+def _s3_paths(server: ThrowawayS3Server) -> str:
+    """The configuration's paths in the demo's bucket, and the ``storage`` section that reaches it."""
+    return (
+        f"changelog:\n  path: s3://{BUCKET}/changelog\nwarehouse:\n  path: s3://{BUCKET}/warehouse\n"
+        f"storage:\n  endpoint: {server.endpoint}\n  region: {server.region}\n  path_style: true\n"
+        f"  access_key_id: ${{{KEY_ID_ENV}}}\n  secret_access_key: ${{{SECRET_ENV}}}\n"
+    )
+
+
+def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) -> bool:
+    """The demo's source, setup, rounds of changes through Dagster and checks; True on parity."""
     with ThrowawayCluster(root=cluster_root, keep=True) as pg:
         out(f"PostgreSQL {pg.version} on 127.0.0.1:{pg.port} (data in {cluster_root})")
         _environment(folder, pg)
@@ -138,8 +190,6 @@ def run_demo(folder: Path, *, force: bool = False, out: Callable[[str], None] = 
             )
         out("")
         out("parity OK" if ok else "parity FAILED")
-    out(f"\nEverything is in {folder} (PostgreSQL data, change log, Delta tables, Dagster runs).")
-    out(f"Open the Dagster UI on it:  cdc-assets demo --ui --dir {folder}")
     return ok
 
 
@@ -149,7 +199,13 @@ def open_ui(folder: Path, *, port: int = 3000, out: Callable[[str], None] = prin
     state = folder / STATE_FILE
     if not state.exists():
         raise DemoError(f"{folder} holds no demo: run `cdc-assets demo --dir {folder}` first")
-    cluster_root = Path(json.loads(state.read_text())["cluster"])
+    recorded = json.loads(state.read_text())
+    if recorded.get("storage") == "s3":
+        raise DemoError(
+            f"the demo in {folder} kept its change log and Delta tables in its S3 server's memory, gone with it:"
+            " run `cdc-assets demo` without --storage s3 to keep them in the folder"
+        )
+    cluster_root = Path(recorded["cluster"])
     with ThrowawayCluster(root=cluster_root, keep=True) as pg:
         env = _environment(folder, pg)
         out(f"PostgreSQL on 127.0.0.1:{pg.port}; Dagster UI on http://127.0.0.1:{port} (Ctrl-C stops both)")

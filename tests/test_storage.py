@@ -87,6 +87,8 @@ def test_spark_gets_s3a_settings_and_jars_for_a_warehouse_on_s3() -> None:
     }
     assert f"org.apache.hadoop:hadoop-aws:{hadoop_version()}" in settings["spark.jars.packages"].split(",")
     assert hadoop_version().startswith("3.")
+    chosen = replace(spark, conf={"spark.jars.packages": "my:jars:1"})  # the user's packages replace ours
+    assert session_settings(chosen)["spark.jars.packages"] == "my:jars:1"
     token = StorageConfig(region="eu-west-1", access_key_id="k", secret_access_key="s", session_token="t")
     assert token.hadoop_settings()["fs.s3a.aws.credentials.provider"].endswith("TemporaryAWSCredentialsProvider")
     assert "fs.s3a.endpoint" not in StorageConfig(region="eu-west-1").hadoop_settings()  # AWS itself

@@ -26,6 +26,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from cdc_assets.config import SparkConfig
+from cdc_assets.errors import ConfigError
 from cdc_assets.interrupts import interrupts_deferred
 
 DELTA_JARS_VERSION = "4.4.0"
@@ -48,7 +49,10 @@ def hadoop_version() -> str:
     for folder in _jar_folders():
         for jar in sorted(folder.glob("hadoop-client-api-*.jar")):
             return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
-    raise RuntimeError(f"no hadoop-client-api jar in {sorted(map(str, _jar_folders()))}: cannot choose hadoop-aws")
+    raise ConfigError(
+        f"no hadoop-client-api jar in {', '.join(map(str, _jar_folders()))}: cannot choose the hadoop-aws jar for"
+        " s3:// paths; put hadoop-aws (matching your Hadoop) on Spark's classpath, or list it in spark.jars.packages"
+    )
 
 
 def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[str, str]:
@@ -72,13 +76,14 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         # VACUUM lists the table's folder with this many tasks; Spark's default (10,000) made a
         # VACUUM of a small table take 45-80 s on two local cores instead of 3-5 s.
         settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(_local_cores(master))
-    packages = [] if delta_on_classpath() else [delta_package()]
     if config.storage is not None:
         settings |= {f"spark.hadoop.{key}": value for key, value in config.storage.hadoop_settings().items()}
-        if not _on_classpath("*hadoop-aws-*.jar"):
+    if "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
+        packages = [] if delta_on_classpath() else [delta_package()]
+        if config.storage is not None and not _on_classpath("*hadoop-aws-*.jar"):
             packages.append(hadoop_aws_package())
-    if packages and "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
-        settings["spark.jars.packages"] = ",".join(packages)
+        if packages:
+            settings["spark.jars.packages"] = ",".join(packages)
     if not os.environ.get("HOME"):
         settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
     settings.update(config.conf)

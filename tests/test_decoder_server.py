@@ -926,7 +926,11 @@ def test_rolled_back_streamed_transaction_ends_with_stream_abort(pg_any: Any, co
             decoded = peek_decoded(conn, SLOT, options, mode)
             earlier = [item for item in decoded if item.row.xid == warm.xid]
             aborted = [item for item in decoded if item.row.xid == window.xid]
-            assert len(earlier) + len(aborted) == len(decoded)
+            stray = [(i.row.xid, i.kind, i.row.lsn) for i in decoded if i.row.xid not in (warm.xid, window.xid)]
+            assert not stray, (  # once, on a loaded machine: 105 such rows, not identified then
+                f"{len(stray)} rows of other transactions (warm {warm.xid}, aborted {window.xid}, {mode},"
+                f" immediate {immediate}): {stray[:5]} … {stray[-5:]}"
+            )
             if immediate:
                 assert kinds(earlier) == "SYRIEc"
                 commit = earlier[-1].message

@@ -12,11 +12,11 @@ from datetime import UTC, date, datetime, time, timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.planner import RecordChunk, latest_images
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
+from cdc_assets.apply.target import delta_table_exists
 from cdc_assets.changelog.checkpoint import TableState
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.errors import CdcError
@@ -65,12 +65,19 @@ def history_rows(reader: ChangeLogReader, table: str, state: TableState, day: da
     return changes.append_column("before", before).append_column("after", after).append_column(DAY, days)
 
 
-def write_history(spark: SparkSession, path: str, rows: pa.Table, day: date, table_properties: dict[str, str]) -> int:
+def write_history(
+    spark: SparkSession,
+    path: str,
+    rows: pa.Table,
+    day: date,
+    table_properties: dict[str, str],
+    storage_options: dict[str, str] | None = None,
+) -> int:
     """Replace the ``day`` partition of the history table at ``path`` with ``rows``; returns the row count."""
     if rows.num_rows:
         converted = to_delta_arrow(rows)
         frame = spark.createDataFrame(converted, schema=spark_schema(converted.schema))
-    elif DeltaTable.isDeltaTable(spark, path):
+    elif delta_table_exists(path, storage_options):
         frame = spark.read.format("delta").load(path).limit(0)  # clears the day
     else:
         return 0  # nothing to write and no table to clear

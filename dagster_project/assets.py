@@ -241,7 +241,12 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
         day = context.partition_time_window.start.date()
         rows = history_rows(reader, name, state, day)
         written = write_history(
-            spark.session(), history_path(config, table), rows, day, config.warehouse_table_properties
+            spark.session(),
+            history_path(config, table),
+            rows,
+            day,
+            config.warehouse_table_properties,
+            config.delta_storage_options,
         )
         return dg.MaterializeResult(
             metadata={

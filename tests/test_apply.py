@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import functions as F
 
 from cdc_assets.apply.merge import _key_bounds, write_plan
 from cdc_assets.apply.planner import plan_changes
@@ -340,14 +339,11 @@ def test_exactly_once(mirror_of) -> None:  # type: ignore[no-untyped-def]
     assert {t: r.skipped for t, r in mirror.apply().items()} == dict.fromkeys(tables, "up to date")
 
     # Delta's own guard, under the apply code: a commit at the applied LSN or below is skipped.
-    target, path = (
-        delta_target(mirror.config(), mirror.config().table("public.a"), mirror.spark),
-        mirror.path("public.a"),
-    )
+    target = delta_target(mirror.config(), mirror.config().table("public.a"), mirror.spark)
     version, rows = mirror.version("public.a"), mirror.delta("public.a")
     for lsn in (target.applied_lsn(), 1):
-        with target.commit(lsn):
-            target.read().write.format("delta").mode("append").save(path)  # would double every row
+        double = f"INSERT INTO {target.sql_name} SELECT * FROM {{}}"  # would double every row
+        target.commit(double.format, target.read(), lsn)
     assert mirror.version("public.a") == version
     assert not difference(mirror.delta("public.a"), rows)
 
@@ -430,11 +426,19 @@ def test_key_range_only_for_keys_ordered_alike_in_arrow_spark_and_delta(spark) -
         found = _key_bounds(plan_changes([log.chunk()], log.relation))
         return None if found is None else str(found)
 
-    assert bounds(INT8, 7, -3, 40) == str(F.col("t.`k`").between(-3, 40))
-    assert bounds(TEXT, "m", "b", "zz") == str(F.col("t.`k`").between("b", "zz"))
-    assert bounds(NUMERIC, Decimal("1.5"), Decimal("-2"), Decimal("3")) == str(
-        F.col("t.`k`").between(Decimal("-2.00"), Decimal("3.00"))
+    assert bounds(INT8, 7, -3, 40) == "t.`k` >= -3L AND t.`k` <= 40L"
+    assert bounds(TEXT, "m", "b", "zz") == "t.`k` >= 'b' AND t.`k` <= 'zz'"
+    assert (
+        bounds(NUMERIC, Decimal("1.5"), Decimal("-2"), Decimal("3"))
+        == "t.`k` >= CAST('-2.00' AS DECIMAL(12, 2)) AND t.`k` <= CAST('3.00' AS DECIMAL(12, 2))"
     )
+    # every text key is its own literal, whatever quotes and backslashes it holds
+    awkward = ["it's", "back\\slash\\", "\\'", "new\nline", "ünï", "' OR 1=1 --"]
+    for text in awkward:
+        found = bounds(TEXT, text, text, text)
+        assert found is not None
+        literal = found.split(" >= ", 1)[1].split(" AND t.", 1)[0]
+        assert spark.sql(f"SELECT {literal} AS k").collect()[0]["k"] == text, (text, literal)
     assert bounds(NUMERIC, Decimal("1.5"), None, Decimal("3")) is None
     assert bounds(FLOAT8, 1.0, 2.0, 3.0) is None
     assert bounds(TIMESTAMPTZ, T0, T0, T0) is None

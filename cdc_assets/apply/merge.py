@@ -22,8 +22,8 @@
 * **Truncate**: an overwrite with the rows that follow the cut — emptying and refilling in one
   commit, so the table never shows a half-applied transaction.
 
-Every write runs inside :meth:`DeltaTarget.commit`, so the data and the applied LSN are one
-commit, and a replay after a crash is skipped by Delta.
+Each is one Delta SQL statement run by :meth:`DeltaTarget.commit`, so the data and the applied
+LSN are one commit, and a replay after a crash is skipped by Delta.
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_assets.apply.planner import ACTION, COMMIT_TIME, COPIES, DELETE, FILL_KEY, LSN, UNRESOLVED, UPSERT, ChangePlan
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, delta_schema
+from cdc_assets.apply.target import DeltaTarget, backquote
 from cdc_assets.errors import CdcError
 
 MATCH = "_cdc_match"
@@ -83,29 +82,27 @@ def write_plan(
     columns = _columns_schema(plan)
     source = _source_frame(spark, plan)
     table_columns = [f.name for f in columns] + [LSN, COMMIT_TIME]
-    exists = target.exists()
-    if exists:
+    existed = target.exists()
+    if existed:
         change = target.schema_change(columns)
         if change:
             target.evolve(change)
-    elif not plan.truncate and plan.mode != "append":
-        _create_empty(target, columns)
-        exists = True
+    else:
+        target.create(columns)
     if plan.mode == "keyed" and plan.has_unresolved:
-        if plan.truncate or not exists:
+        if plan.truncate or not existed:
             raise ApplyError(
                 f"{plan.relation.qualified_name}: unchanged TOAST values to fill, but no table to fill from"
             )
         source = _fill_unresolved(source, target.read(), plan, [f.name for f in columns])
     if row_filter:
         source = source.withColumn(MATCH, F.coalesce(F.expr(row_filter), F.lit(False)))
-    if plan.truncate or not exists:
+    if plan.truncate:
         idempotent = not rebuild or (target.applied_lsn() or -1) < lsn
-        return _overwrite(target, plan, source, table_columns, lsn, row_filter is not None, exists, idempotent)
+        return _overwrite(target, plan, source, table_columns, lsn, row_filter is not None, existed, idempotent)
     if plan.mode == "append":
         rows = source.filter(F.col(MATCH)) if row_filter else source
-        with target.commit(lsn):
-            rows.select(*table_columns).write.format("delta").mode("append").save(target.path)
+        target.commit(lambda view: _insert("INTO", target, view, table_columns), rows, lsn)
         return MergeCounts(inserted=plan.counts.get("inserts", 0))
     if plan.mode == "multiset":
         return _merge_multiset(target, plan, source, table_columns, lsn, row_filter is not None)
@@ -123,21 +120,26 @@ def _source_frame(spark: SparkSession, plan: ChangePlan) -> DataFrame:
     return spark.createDataFrame(rows, schema=spark_schema(rows.schema))
 
 
-def _create_empty(target: DeltaTarget, columns: pa.Schema) -> None:
-    """The table with no rows and no applied LSN (the first data commit records one)."""
-    empty = target.spark.createDataFrame([], delta_schema(columns))
-    writer = empty.write.format("delta").mode("overwrite")
-    for key, value in target.create_options().items():
-        writer = writer.option(key, value)
-    writer.save(target.path)
+def _insert(mode: str, target: DeltaTarget, view: str, columns: list[str]) -> str:
+    """``INSERT INTO`` / ``INSERT OVERWRITE`` of ``columns`` from ``view``."""
+    names = ", ".join(_q(c) for c in columns)
+    return f"INSERT {mode} {target.sql_name} ({names}) SELECT {names} FROM {_q(view)}"
+
+
+def _values(columns: list[str]) -> tuple[str, str, str]:
+    """``SET`` assignments, ``INSERT`` names and ``VALUES`` of a MERGE writing ``columns`` from ``s``."""
+    return (
+        ", ".join(f"{_q(c)} = s.{_q(c)}" for c in columns),
+        ", ".join(_q(c) for c in columns),
+        ", ".join(f"s.{_q(c)}" for c in columns),
+    )
 
 
 def _null_safe(left: str, right: str, names: list[str]) -> str:
     return " AND ".join(f"{left}.{_q(n)} <=> {right}.{_q(n)}" for n in names)
 
 
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+_q = backquote
 
 
 def _fill_unresolved(source: DataFrame, table: DataFrame, plan: ChangePlan, names: list[str]) -> DataFrame:
@@ -162,27 +164,26 @@ def _merge_keyed(
 ) -> MergeCounts:
     if plan.rows.nbytes <= BROADCAST_SOURCE_BYTES:
         source = F.broadcast(source)
-    values: dict[str, str | Column] = {_q(c): f"s.{_q(c)}" for c in columns}
+    update, names, values = _values(columns)
     delete = f"s.{ACTION} = '{DELETE}'" + (f" OR NOT s.{MATCH}" if filtered else "")
     insert = f"s.{ACTION} = '{UPSERT}'" + (f" AND s.{MATCH}" if filtered else "")
-    condition = F.expr(_null_safe("t", "s", list(plan.key)))
+    condition = _null_safe("t", "s", list(plan.key))
     bounds = _key_bounds(plan)
     if bounds is not None:
-        condition = condition & bounds
-    merge = (
-        DeltaTable.forPath(target.spark, target.path)
-        .alias("t")
-        .merge(source.alias("s"), condition)
-        .whenMatchedDelete(delete)
-        .whenMatchedUpdate(set=values)
-        .whenNotMatchedInsert(insert, values=values)
-    )
-    with target.commit(lsn):
-        metrics = merge.execute()
-    return _counts(metrics)
+        condition += f" AND {bounds}"
+
+    def merge(view: str) -> str:
+        return (
+            f"MERGE INTO {target.sql_name} AS t USING {_q(view)} AS s ON {condition}"
+            f" WHEN MATCHED AND ({delete}) THEN DELETE"
+            f" WHEN MATCHED THEN UPDATE SET {update}"
+            f" WHEN NOT MATCHED AND ({insert}) THEN INSERT ({names}) VALUES ({values})"
+        )
+
+    return _counts(target.commit(merge, source, lsn))
 
 
-def _key_bounds(plan: ChangePlan) -> Column | None:
+def _key_bounds(plan: ChangePlan) -> str | None:
     """``t.<first key column>`` between the smallest and the largest value the plan holds of it.
 
     A condition on the target alone: Delta skips every file whose statistics put that column
@@ -203,7 +204,24 @@ def _key_bounds(plan: ChangePlan) -> Column | None:
     if not any(test(column.type) for test in ordered) or column.null_count or not len(column):
         return None
     bounds = pc.min_max(column)
-    return F.col(f"t.{_q(name)}").between(F.lit(bounds["min"].as_py()), F.lit(bounds["max"].as_py()))
+    low, high = (_literal(bounds[end].as_py(), column.type) for end in ("min", "max"))
+    return f"t.{_q(name)} >= {low} AND t.{_q(name)} <= {high}"
+
+
+_INTEGER_SUFFIX = {8: "Y", 16: "S", 32: "", 64: "L"}
+
+
+def _literal(value: object, kind: pa.DataType) -> str:
+    """A Spark SQL literal of ``value`` in the type the column has in Delta, so the comparison is
+    on the column itself (Delta's file statistics apply) rather than on a cast of it."""
+    if pa.types.is_integer(kind):
+        return f"{value}{_INTEGER_SUFFIX[kind.bit_width]}"
+    if pa.types.is_date32(kind):
+        return f"DATE'{value}'"
+    if pa.types.is_decimal(kind):
+        return f"CAST('{value}' AS DECIMAL({kind.precision}, {kind.scale}))"
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
 
 
 def _merge_multiset(
@@ -243,17 +261,17 @@ def _merge_multiset(
         .withColumn(KIND, F.lit("insert"))
     )
     merge_source = deletes.select(*columns, KIND).unionByName(inserts.select(*columns, KIND))
-    values: dict[str, str | Column] = {_q(c): f"s.{_q(c)}" for c in columns}
-    merge = (
-        DeltaTable.forPath(target.spark, target.path)
-        .alias("t")
-        .merge(merge_source.alias("s"), f"({_null_safe('t', 's', names)}) AND s.{KIND} = 'delete'")
-        .whenMatchedDelete()
-        .whenNotMatchedInsert(f"s.{KIND} = 'insert'", values=values)
-    )
-    with target.commit(lsn):
-        metrics = merge.execute()
-    return _counts(metrics)
+    _, inserted, values = _values(columns)
+
+    def merge(view: str) -> str:
+        return (
+            f"MERGE INTO {target.sql_name} AS t USING {_q(view)} AS s"
+            f" ON ({_null_safe('t', 's', names)}) AND s.{KIND} = 'delete'"
+            f" WHEN MATCHED THEN DELETE"
+            f" WHEN NOT MATCHED AND s.{KIND} = 'insert' THEN INSERT ({inserted}) VALUES ({values})"
+        )
+
+    return _counts(target.commit(merge, merge_source, lsn))
 
 
 def _overwrite(
@@ -276,30 +294,17 @@ def _overwrite(
     if filtered:
         rows = rows.filter(F.col(MATCH))
     deleted = target.read().count() if existed else 0
-    writer = rows.select(*columns).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-    if not existed:
-        for key, value in target.create_options().items():
-            writer = writer.option(key, value)
-    with target.commit(lsn, idempotent=idempotent):
-        writer.save(target.path)
-    return MergeCounts(inserted=_written_rows(target), deleted=deleted)
-
-
-def _written_rows(target: DeltaTarget) -> int:
-    history = DeltaTable.forPath(target.spark, target.path).history(1).collect()[0]
-    metrics = history["operationMetrics"] or {}
-    return int(metrics.get("numOutputRows", 0))
-
-
-def _counts(metrics: DataFrame | None) -> MergeCounts:
-    if metrics is None:
-        return MergeCounts()
-    row = metrics.collect()
-    if not row:
+    before = target.version()
+    target.commit(lambda view: _insert("OVERWRITE", target, view, columns), rows, lsn, idempotent=idempotent)
+    if target.version() == before:
         return MergeCounts()  # Delta skipped the commit: this LSN was applied before
-    first = row[0].asDict()
+    return MergeCounts(inserted=target.last_commit_metrics().get("numOutputRows", 0), deleted=deleted)
+
+
+def _counts(row: dict[str, int]) -> MergeCounts:
+    """A MERGE's counts (none where Delta skipped the commit: this LSN was applied before)."""
     return MergeCounts(
-        inserted=int(first.get("num_inserted_rows", 0)),
-        updated=int(first.get("num_updated_rows", 0)),
-        deleted=int(first.get("num_deleted_rows", 0)),
+        inserted=row.get("num_inserted_rows", 0),
+        updated=row.get("num_updated_rows", 0),
+        deleted=row.get("num_deleted_rows", 0),
     )

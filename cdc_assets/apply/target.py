@@ -6,6 +6,12 @@ change-log checkpoint it applied), so the data and the position it reflects are 
 and a commit replayed with the same version is skipped by Delta itself. It is read back with
 delta-rs (``transaction_version``), which needs no Spark — sensors use it too.
 
+Every data commit is one Delta SQL statement (``MERGE INTO``, ``INSERT INTO``, ``INSERT OVERWRITE``)
+over a temporary view of the change rows, run by :meth:`DeltaTarget.commit`; nothing here uses
+Delta's Python ``DeltaTable`` builder, whose calls a Spark Connect server can only take with
+Delta's Connect plugin. The table's state (exists, applied LSN, version, the last commit's
+metrics) is read with delta-rs.
+
 New tables get deletion vectors (merges write only changed rows) and column mapping (so dropped
 columns can be dropped); ``warehouse.table_properties`` can override them.
 """
@@ -13,8 +19,8 @@ columns can be dropped); ``warehouse.table_properties`` can override them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -45,13 +51,23 @@ def app_id(slot: str, table: str) -> str:
 
 def applied_lsn(path: str, app: str, storage_options: dict[str, str] | None = None) -> int | None:
     """The change-log checkpoint a Delta table was last brought to (None: no table, or never)."""
+    table = _open(path, storage_options)
+    return None if table is None else table.transaction_version(app)
+
+
+def delta_table_exists(path: str, storage_options: dict[str, str] | None = None) -> bool:
+    """Whether ``path`` holds a Delta table."""
+    return _open(path, storage_options) is not None
+
+
+def _open(path: str, storage_options: dict[str, str] | None) -> RustDeltaTable | None:
+    """The Delta table at ``path`` read with delta-rs (None: there is none)."""
     try:
-        table = RustDeltaTable(path, storage_options=storage_options)
+        return RustDeltaTable(path, storage_options=storage_options)
     except TableNotFoundError:
         return None
     except OSError as error:
         raise StorageError(f"cannot read the Delta table at {path}: {describe_storage_error(error)}") from None
-    return table.transaction_version(app)
 
 
 @dataclass(slots=True)
@@ -70,7 +86,8 @@ class SchemaChange:
 
 
 class DeltaTarget:
-    """One Delta table at ``path``, written only through :meth:`commit` (or :meth:`evolve`)."""
+    """One Delta table at ``path``, written only through :meth:`create`, :meth:`evolve` and
+    :meth:`commit`."""
 
     def __init__(
         self,
@@ -95,17 +112,33 @@ class DeltaTarget:
         return applied_lsn(self.path, self.app, self.storage_options)
 
     def exists(self) -> bool:
-        from delta.tables import DeltaTable
-
-        return DeltaTable.isDeltaTable(self.spark, self.path)
+        return delta_table_exists(self.path, self.storage_options)
 
     def read(self) -> DataFrame:
         return self.spark.read.format("delta").load(self.path)
 
     def version(self) -> int:
-        from delta.tables import DeltaTable
+        return self._table().version()
 
-        return int(DeltaTable.forPath(self.spark, self.path).history(1).collect()[0]["version"])
+    def last_commit_metrics(self) -> dict[str, int]:
+        """The operation metrics Delta recorded for the table's latest commit."""
+        metrics = self._table().history(1)[0].get("operationMetrics") or {}
+        return {name: int(value) for name, value in metrics.items()}
+
+    def _table(self) -> RustDeltaTable:
+        table = _open(self.path, self.storage_options)
+        if table is None:
+            raise StorageError(f"no Delta table at {self.path}")
+        return table
+
+    def create(self, columns: pa.Schema) -> None:
+        """The table with ``columns`` (and the metadata columns), no rows and no applied LSN (the
+        first data commit records one)."""
+        empty = self.spark.createDataFrame([], delta_schema(columns))
+        writer = empty.write.format("delta").mode("overwrite")
+        for key, value in self.table_properties.items():
+            writer = writer.option(key, value)
+        writer.save(self.path)
 
     def schema_change(self, columns: pa.Schema) -> SchemaChange:
         """What must change so the table has exactly ``columns`` (plus the metadata columns)."""
@@ -140,29 +173,36 @@ class DeltaTarget:
                 frame = frame.withColumn(name, frame[name].cast(spark_type(kind)))
             frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(self.path)
 
-    def create_options(self) -> dict[str, str]:
-        """Writer options that set the table properties of a new table."""
-        return dict(self.table_properties)
-
-    @contextmanager
-    def commit(self, lsn: int, *, idempotent: bool = True) -> Iterator[None]:
-        """Writes inside are one Delta commit recording ``lsn`` as this table's applied LSN; Delta
-        skips them if the table already holds ``lsn`` or later.
+    def commit(
+        self,
+        statement: Callable[[str], str],
+        source: DataFrame,
+        lsn: int,
+        *,
+        idempotent: bool = True,
+    ) -> dict[str, int]:
+        """Run ``statement(view)`` — Delta SQL on this table (:attr:`sql_name`) reading ``source``
+        as the temporary view ``view`` — as one commit recording ``lsn`` as the table's applied LSN. Delta skips it if the table already holds ``lsn`` or later. Returns
+        the statement's result row (a MERGE's counts; empty for an INSERT or a skipped commit).
 
         ``idempotent=False`` (a rebuild at the LSN the table already holds) writes without the
         idempotency marker: the table's recorded version stays ``lsn``.
         """
-        conf = self.spark.conf
+        view = f"cdc_source_{uuid.uuid4().hex}"
         settings = {USER_METADATA: json.dumps({"cdc_assets_applied_lsn": lsn})}
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
+        conf = self.spark.conf
+        source.createTempView(view)
         for key, value in settings.items():
             conf.set(key, value)
         try:
-            yield
+            rows = self.spark.sql(statement(view)).collect()
         finally:
             for key in settings:
                 conf.unset(key)
+            self.spark.catalog.dropTempView(view)
+        return {name: int(value) for name, value in rows[0].asDict().items()} if rows else {}
 
 
 def delta_schema(columns: pa.Schema) -> T.StructType:

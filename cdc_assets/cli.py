@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TextIO
 
-from cdc_assets.config import Config, load_config
+from cdc_assets.config import Config, SparkConfig, config_path, load_config
 from cdc_assets.errors import CdcError, ConfigError
 from cdc_assets.interrupts import stop_on_sigterm
 from cdc_assets.lsn import format_lsn
@@ -126,6 +126,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     status = command("status", "slot position and lag, checkpoint, applied LSN per table", _status)
     status.add_argument("--json", action="store_true", help="print JSON")
+    server = command(
+        "spark-server",
+        "run a Spark Connect server with Delta in the foreground, for runs that set spark.remote (Ctrl-C stops it)",
+        _spark_server,
+    )
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    server.add_argument("--port", type=int, default=15002, help="port to listen on (default: 15002)")
+    server.add_argument("--master", default="local[*]", help="the server's Spark master (default: local[*])")
+    server.add_argument("--log", metavar="FILE", help="append the server's own output to FILE (default: discard)")
     for extension in entry_points(group=COMMANDS_ENTRY_POINT):  # `demo`, from dagster_project
         extension.load()(commands)
     return parser
@@ -224,7 +233,8 @@ def _spark(config: Config) -> SparkSession:
     print(f"starting Spark ({config.spark.remote or config.spark.master})", file=sys.stderr)
     with quiet_start():
         spark = spark_session(config.spark)
-    spark.sparkContext.setLogLevel("ERROR")
+    if not config.spark.remote:  # a Connect server's log level is its own
+        spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
@@ -246,6 +256,22 @@ def _sync(args: argparse.Namespace) -> int:
     spark = _spark(config)
     _apply(args, config, spark)
     return _maintain(args, config, spark) if args.maintain else 0
+
+
+def _spark_server(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cdc_assets.apply.connect_server import ConnectServer, serve
+
+    # the configuration's spark section (Delta's jars, spark.conf, s3a) when there is a file;
+    # without one, a plain server with Delta
+    found = args.config is not None or config_path().exists()
+    spark = _config(args).spark if found else SparkConfig()
+    server = ConnectServer(spark, args.host, args.port, args.master, Path(args.log) if args.log else None)
+    print(f"starting a Spark Connect server ({args.master}) on {server.address}", file=sys.stderr)
+    code = serve(server, lambda address: print(f"listening at {address} (Ctrl-C stops it)", flush=True))
+    print("stopped", file=sys.stderr)
+    return code
 
 
 def _status(args: argparse.Namespace) -> int:

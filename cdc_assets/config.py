@@ -93,14 +93,22 @@ class TableConfig:
     target: str | None = None
 
 
+PARALLEL_MERGES = 4
+"""Tables one apply merges at once: a small table's MERGE mostly waits on Spark's per-job
+latency, not on the cores, so a few overlap well even on two cores."""
+
+
 @dataclass(slots=True, frozen=True)
 class SparkConfig:
     """``master`` for a classic session (``local[2]``, ``spark://…``), or ``remote`` for Spark Connect;
-    ``storage``: the ``storage`` section when a Delta table is on S3 (Spark reaches it through s3a)."""
+    ``parallel_merges``: tables merged at once by one apply, each on its own session of the one
+    application; ``storage``: the ``storage`` section when a Delta table is on S3 (Spark reaches
+    it through s3a)."""
 
     master: str | None = "local[2]"
     remote: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
+    parallel_merges: int = PARALLEL_MERGES
     storage: StorageConfig | None = field(default=None, repr=False)
 
 
@@ -401,6 +409,7 @@ class _Reader:
             master=str(master) if master is not None else None,
             remote=str(remote) if remote is not None else None,
             conf=spark.settings("conf"),
+            parallel_merges=spark.positive("parallel_merges", PARALLEL_MERGES),
         )
         spark.done()
         return result

@@ -648,3 +648,40 @@ def test_unchanged_toast_key_column_comes_from_the_old_key() -> None:
         ("long key", 1, -1),
         ("long key", 2, 1),
     ]
+
+
+# -- what the merge may skip -----------------------------------------------------------------------
+
+
+def shape(*changes: Any, identity: Any = TOASTY, **kwargs: Any) -> str:
+    """The shape of the plan of ``changes``: (method, args, kwargs) called on a fresh change log."""
+    log = ChangeLog(identity)
+    for method, args, options in changes:
+        getattr(log, method)(*args, **options)
+    return plan_of(log, **kwargs).shape
+
+
+def test_a_batch_that_only_inserts_is_an_append_unless_truncates_are_ignored() -> None:
+    inserts = [("insert", ({"id": k, "v": "a", "big": "x"},), {}) for k in (1, 2, 3)]
+    assert shape(*inserts) == "appends"
+    # the table may still hold a key the source truncated away and inserts again
+    assert shape(*inserts, truncate="ignore") == "any"
+    # the table is emptied first: an overwrite, whatever its rows
+    assert shape(inserts[0], ("truncate", (), {}), inserts[1]) == "any"
+    # a delete then an insert of the same key: the key was in the table
+    assert shape(("delete", ({"id": 1},), {}), inserts[0]) == "any"
+
+
+def test_a_batch_of_updates_and_deletes_under_unchanged_keys_updates_rows_the_table_holds() -> None:
+    update = ("update", ({"id": 1, "v": "b", "big": "x"},), {})
+    assert shape(update, ("delete", ({"id": 2},), {})) == "updates"
+    assert shape(update, truncate="ignore") == "updates"
+    assert shape(update, ("update", ({"id": 5, "v": "moved", "big": "x"},), {"old": {"id": 3}})) == "any"
+    assert shape(update, ("insert", ({"id": 9, "v": "a", "big": "x"},), {})) == "any"
+
+
+def test_a_full_identity_batch_that_only_inserts_adds_copies() -> None:
+    row = {"a": 1, "b": "x", "big": "B"}
+    assert shape(("insert", (row,), {}), ("insert", (row,), {}), identity=FULL) == "appends"
+    assert shape(("insert", (row,), {}), ("insert", (row,), {}), identity=FULL, truncate="ignore") == "appends"
+    assert shape(("insert", (row,), {}), ("delete", (row,), {}), identity=FULL) == "any"

@@ -22,6 +22,12 @@
 * **Truncate**: an overwrite with the rows that follow the cut — emptying and refilling in one
   commit, so the table never shows a half-applied transaction.
 
+Where the plan's :attr:`~cdc_assets.apply.planner.ChangePlan.shape` allows, less: a batch that
+only inserted is an append (no MERGE: no search for matching rows), and a keyed batch of updates
+without key changes (and no row filter) a MERGE without its insert clause, which Delta joins to
+the rows of the touched files with an inner join (a right outer join without deletion vectors)
+instead of an outer (full) one.
+
 Each is one Delta SQL statement run by :meth:`DeltaTarget.commit`, so the data and the applied
 LSN are one commit, and a replay after a crash is skipped by Delta.
 """
@@ -37,7 +43,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.apply.planner import ACTION, COMMIT_TIME, COPIES, DELETE, FILL_KEY, LSN, UNRESOLVED, UPSERT, ChangePlan
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, backquote
+from cdc_assets.apply.target import DeltaTarget, backquote, sql_string
 from cdc_assets.errors import CdcError
 
 MATCH = "_cdc_match"
@@ -56,9 +62,13 @@ class ApplyError(CdcError):
 
 @dataclass(slots=True)
 class MergeCounts:
+    """What one commit did; ``write``: how (``create``, ``overwrite``, ``append``, ``MERGE``,
+    ``MERGE (matched only)``; empty where nothing was written — the table held the LSN already)."""
+
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
+    write: str = ""
 
 
 def write_plan(
@@ -87,7 +97,7 @@ def write_plan(
         change = target.schema_change(columns)
         if change:
             target.evolve(change)
-    else:
+    elif not plan.truncate:  # the table is gone but the plan does not start from a copy
         target.create(columns)
     if plan.mode == "keyed" and plan.has_unresolved:
         if plan.truncate or not existed:
@@ -97,16 +107,27 @@ def write_plan(
         source = _fill_unresolved(source, target.read(), plan, [f.name for f in columns])
     if row_filter:
         source = source.withColumn(MATCH, F.coalesce(F.expr(row_filter), F.lit(False)))
+    filtered = row_filter is not None
+    names = ", ".join(_q(c) for c in table_columns)
     if plan.truncate:
+        rows = _rows_to_add(plan, source, filtered)
+        if not existed:  # created with its rows: one commit
+            inserted = _write_rows(
+                target, f"CREATE TABLE {target.sql_name} {target.create_clause()} AS", rows, names, lsn
+            )
+            return MergeCounts(inserted or 0, write="create")
+        deleted = target.read().count()
         idempotent = not rebuild or (target.applied_lsn() or -1) < lsn
-        return _overwrite(target, plan, source, table_columns, lsn, row_filter is not None, existed, idempotent)
-    if plan.mode == "append":
-        rows = source.filter(F.col(MATCH)) if row_filter else source
-        target.commit(lambda view: _insert("INTO", target, view, table_columns), rows, lsn)
-        return MergeCounts(inserted=plan.counts.get("inserts", 0))
+        into = f"INSERT OVERWRITE {target.sql_name} ({names})"
+        inserted = _write_rows(target, into, rows, names, lsn, idempotent)
+        return MergeCounts() if inserted is None else MergeCounts(inserted, 0, deleted, "overwrite")
+    if plan.mode == "append" or plan.shape == "appends":
+        rows = _rows_to_add(plan, source, filtered)
+        inserted = _write_rows(target, f"INSERT INTO {target.sql_name} ({names})", rows, names, lsn)
+        return MergeCounts() if inserted is None else MergeCounts(inserted, write="append")
     if plan.mode == "multiset":
-        return _merge_multiset(target, plan, source, table_columns, lsn, row_filter is not None)
-    return _merge_keyed(target, plan, source, table_columns, lsn, row_filter is not None)
+        return _merge_multiset(target, plan, source, table_columns, lsn, filtered)
+    return _merge_keyed(target, plan, source, table_columns, lsn, filtered)
 
 
 def _columns_schema(plan: ChangePlan) -> pa.Schema:
@@ -120,10 +141,28 @@ def _source_frame(spark: SparkSession, plan: ChangePlan) -> DataFrame:
     return spark.createDataFrame(rows, schema=spark_schema(rows.schema))
 
 
-def _insert(mode: str, target: DeltaTarget, view: str, columns: list[str]) -> str:
-    """``INSERT INTO`` / ``INSERT OVERWRITE`` of ``columns`` from ``view``."""
-    names = ", ".join(_q(c) for c in columns)
-    return f"INSERT {mode} {target.sql_name} ({names}) SELECT {names} FROM {_q(view)}"
+def _rows_to_add(plan: ChangePlan, source: DataFrame, filtered: bool) -> DataFrame:
+    """The rows the plan adds: keyed, its upserts; multiset, each row as many times as its copies
+    are added; append, every row — only those matching the row filter."""
+    if plan.mode == "keyed":
+        rows = source.filter(F.col(ACTION) == UPSERT)
+    elif plan.mode == "multiset":
+        rows = source.filter(F.col(COPIES) > 0).withColumn("_cdc_copy", F.explode(F.sequence(F.lit(1), F.col(COPIES))))
+    else:
+        rows = source
+    return rows.filter(F.col(MATCH)) if filtered else rows
+
+
+def _write_rows(
+    target: DeltaTarget, into: str, rows: DataFrame, names: str, lsn: int, idempotent: bool = True
+) -> int | None:
+    """``<into> SELECT <names>`` of ``rows`` (``INSERT INTO``, ``INSERT OVERWRITE``, ``CREATE TABLE
+    … AS``); the rows written (None: Delta skipped the commit, the table holds ``lsn`` already)."""
+    before = target.version() if target.exists() else None
+    target.commit(lambda view: f"{into} SELECT {names} FROM {_q(view)}", rows, lsn, idempotent=idempotent)
+    if target.version() == before:
+        return None
+    return target.last_commit_metrics().get("numOutputRows", 0)
 
 
 def _values(columns: list[str]) -> tuple[str, str, str]:
@@ -167,6 +206,10 @@ def _merge_keyed(
     update, names, values = _values(columns)
     delete = f"s.{ACTION} = '{DELETE}'" + (f" OR NOT s.{MATCH}" if filtered else "")
     insert = f"s.{ACTION} = '{UPSERT}'" + (f" AND s.{MATCH}" if filtered else "")
+    # Every upsert updates a row the table holds: no insert clause (Delta's matched-only MERGE).
+    # Not with a row filter: an UPDATE moving a row into the filter inserts it (PostgreSQL's
+    # UPDATE transformation).
+    inserts = plan.shape != "updates" or filtered
     condition = _null_safe("t", "s", list(plan.key))
     bounds = _key_bounds(plan)
     if bounds is not None:
@@ -177,10 +220,10 @@ def _merge_keyed(
             f"MERGE INTO {target.sql_name} AS t USING {_q(view)} AS s ON {condition}"
             f" WHEN MATCHED AND ({delete}) THEN DELETE"
             f" WHEN MATCHED THEN UPDATE SET {update}"
-            f" WHEN NOT MATCHED AND ({insert}) THEN INSERT ({names}) VALUES ({values})"
+            + (f" WHEN NOT MATCHED AND ({insert}) THEN INSERT ({names}) VALUES ({values})" if inserts else "")
         )
 
-    return _counts(target.commit(merge, source, lsn))
+    return _counts(target.commit(merge, source, lsn), "MERGE" if inserts else "MERGE (matched only)")
 
 
 def _key_bounds(plan: ChangePlan) -> str | None:
@@ -220,8 +263,7 @@ def _literal(value: object, kind: pa.DataType) -> str:
         return f"DATE'{value}'"
     if pa.types.is_decimal(kind):
         return f"CAST('{value}' AS DECIMAL({kind.precision}, {kind.scale}))"
-    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{text}'"
+    return sql_string(str(value))
 
 
 def _merge_multiset(
@@ -271,40 +313,11 @@ def _merge_multiset(
             f" WHEN NOT MATCHED AND s.{KIND} = 'insert' THEN INSERT ({inserted}) VALUES ({values})"
         )
 
-    return _counts(target.commit(merge, merge_source, lsn))
+    return _counts(target.commit(merge, merge_source, lsn), "MERGE")
 
 
-def _overwrite(
-    target: DeltaTarget,
-    plan: ChangePlan,
-    source: DataFrame,
-    columns: list[str],
-    lsn: int,
-    filtered: bool,
-    existed: bool,
-    idempotent: bool,
-) -> MergeCounts:
-    """The table's whole contents are the rows after the cut: one overwrite."""
-    if plan.mode == "keyed":
-        rows = source.filter(F.col(ACTION) == UPSERT)
-    elif plan.mode == "multiset":
-        rows = source.filter(F.col(COPIES) > 0).withColumn("_cdc_copy", F.explode(F.sequence(F.lit(1), F.col(COPIES))))
-    else:
-        rows = source
-    if filtered:
-        rows = rows.filter(F.col(MATCH))
-    deleted = target.read().count() if existed else 0
-    before = target.version()
-    target.commit(lambda view: _insert("OVERWRITE", target, view, columns), rows, lsn, idempotent=idempotent)
-    if target.version() == before:
-        return MergeCounts()  # Delta skipped the commit: this LSN was applied before
-    return MergeCounts(inserted=target.last_commit_metrics().get("numOutputRows", 0), deleted=deleted)
-
-
-def _counts(row: dict[str, int]) -> MergeCounts:
+def _counts(row: dict[str, int], write: str) -> MergeCounts:
     """A MERGE's counts (none where Delta skipped the commit: this LSN was applied before)."""
-    return MergeCounts(
-        inserted=row.get("num_inserted_rows", 0),
-        updated=row.get("num_updated_rows", 0),
-        deleted=row.get("num_deleted_rows", 0),
-    )
+    if not row:
+        return MergeCounts()
+    return MergeCounts(row["num_inserted_rows"], row["num_updated_rows"], row["num_deleted_rows"], write)

@@ -52,6 +52,7 @@ COMMIT_TIME = "_cdc_commit_time"
 TIME_TYPE = pa.timestamp("us", tz="UTC")
 
 PlanMode = Literal["keyed", "multiset", "append"]
+PlanShape = Literal["appends", "updates", "any"]
 
 
 class PlanError(CdcError):
@@ -83,6 +84,13 @@ class ChangePlan:
 
     ``truncate`` empties the table before ``rows`` apply. Every row carries ``_cdc_lsn`` (end LSN
     of its last change's transaction) and ``_cdc_commit_time``.
+
+    ``shape`` says what work the merge may skip (:mod:`cdc_assets.apply.merge`): ``appends`` —
+    appending the upserts is the whole change (keyed: the batch only inserted, and a key
+    PostgreSQL inserts is in neither the source nor its mirror just before — except in a table
+    whose TRUNCATEs are ignored, which may still hold it; multiset: the batch only adds copies);
+    ``updates`` — each upsert replaces a row the table holds under the same key (no inserts, no
+    key changes); else ``any``.
     """
 
     relation: RelationSchema
@@ -93,6 +101,7 @@ class ChangePlan:
     records: int
     last_lsn: int
     counts: dict[str, int] = field(default_factory=dict)
+    shape: PlanShape = "any"
 
     @property
     def has_unresolved(self) -> bool:
@@ -108,9 +117,10 @@ def plan_changes(
     events = _Events.build(chunks, relation, truncate)
     if not relation.key_columns:
         return _append_plan(events)
+    mirrored = truncate == "apply"  # the table holds exactly the source's rows as of its applied LSN
     if relation.replica_identity == "f":
         return _multiset_plan(events)
-    return _keyed_plan(events, relation.key_columns)
+    return _keyed_plan(events, relation.key_columns, mirrored)
 
 
 def fill_from_history(plan: ChangePlan, history: ChangePlan) -> ChangePlan:
@@ -329,7 +339,7 @@ def _append_plan(events: _Events) -> ChangePlan:
 # -- keyed ------------------------------------------------------------------------------------------
 
 
-def _keyed_plan(events: _Events, key: tuple[str, ...]) -> ChangePlan:
+def _keyed_plan(events: _Events, key: tuple[str, ...], mirrored: bool) -> ChangePlan:
     is_update = events.ops == "update"
     is_delete = events.ops == "delete"
     has_old = np.isin(events.old_kind, ["K", "O"])
@@ -357,9 +367,18 @@ def _keyed_plan(events: _Events, key: tuple[str, ...]) -> ChangePlan:
     actions = rows.column(ACTION)
     upserts = int(pc.sum(pc.equal(actions, UPSERT)).as_py() or 0)
     counts = {"upserts": upserts, "deletes": rows.num_rows - upserts}
+    shape: PlanShape = "any"
+    if not events.truncate and mirrored and _only_inserts(events):
+        shape = "appends"
+    elif not events.truncate and not np.isin(events.ops, ["insert", "snapshot"]).any() and not key_changed.any():
+        shape = "updates"
     return ChangePlan(
-        events.relation, "keyed", key, events.truncate, rows, events.record_count, events.last_lsn, counts
+        events.relation, "keyed", key, events.truncate, rows, events.record_count, events.last_lsn, counts, shape
     )
+
+
+def _only_inserts(events: _Events) -> bool:
+    return len(events.ops) > 0 and bool(np.all(events.ops == "insert"))
 
 
 def _keyed_schema(events: _Events, key: tuple[str, ...]) -> pa.Schema:
@@ -535,5 +554,13 @@ def _multiset_plan(events: _Events) -> ChangePlan:
     table = _with_metadata(table, lsns[last], events.take_times(rows[last]))
     counts = {"inserts": int(copies[copies > 0].sum()), "deletes": int(-copies[copies < 0].sum())}
     return ChangePlan(
-        events.relation, "multiset", tuple(names), events.truncate, table, events.record_count, events.last_lsn, counts
+        events.relation,
+        "multiset",
+        tuple(names),
+        events.truncate,
+        table,
+        events.record_count,
+        events.last_lsn,
+        counts,
+        "appends" if not events.truncate and _only_inserts(events) else "any",
     )

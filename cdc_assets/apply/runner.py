@@ -1,21 +1,23 @@
 """``cdc-assets apply``: bring each configured Delta table up to the change log's checkpoint.
 
 Per table: read its applied LSN from the Delta log; read the change records after it up to the
-checkpoint; plan them; write the plan in one commit that records the checkpoint. Tables are
-applied one after another on one Spark session (Delta's idempotent-write settings are
-session-wide).
+checkpoint; plan them; write the plan in one commit that records the checkpoint. Up to
+``spark.parallel_merges`` tables are applied at once, each on its own session of the one Spark
+application (Delta's idempotent-write settings are per session).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.planner import RecordChunk, fill_from_history, plan_changes
+from cdc_assets.apply.session import table_session
 from cdc_assets.apply.target import DeltaTarget, app_id
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, TableConfig, TableName
@@ -34,6 +36,7 @@ class TableApplied:
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
+    write: str = ""  # how the commit wrote them (MergeCounts.write)
     delta_version: int | None = None
     skipped: str | None = None
     elapsed_s: float = 0.0
@@ -43,7 +46,7 @@ class TableApplied:
             return f"{self.table}: {self.skipped} (applied LSN {_lsn(self.applied_lsn)})"
         return (
             f"{self.table}: {self.records:,} change records → {self.inserted:,} inserted, {self.updated:,} updated,"
-            f" {self.deleted:,} deleted; applied LSN {_lsn(self.applied_lsn)}, Delta version {self.delta_version}"
+            f" {self.deleted:,} deleted{f' by {self.write}' if self.write else ''}; applied LSN {_lsn(self.applied_lsn)}, Delta version {self.delta_version}"
             f" ({self.elapsed_s:.1f} s)"
         )
 
@@ -65,17 +68,41 @@ def apply_tables(
     *,
     progress: Callable[[TableApplied], None] | None = None,
 ) -> list[TableApplied]:
-    """Apply the change log to the Delta tables of ``tables`` (default: every configured table)."""
+    """Apply the change log to the Delta tables of ``tables`` (default: every configured table),
+    up to ``spark.parallel_merges`` at once; ``progress`` gets each table's result as it is done,
+    the return value has them in the tables' order. A table that fails does not stop the others;
+    the first failure is raised once they are done."""
     reader = ChangeLogReader(config.changelog_store())
     checkpoint = reader.require_checkpoint()
     selected = [config.table(t) for t in tables] if tables else list(config.tables)
-    results = []
-    for table in selected:
-        result = apply_table(config, table, spark, reader, checkpoint.lsn)
-        results.append(result)
-        if progress is not None:
-            progress(result)
-    return results
+    workers = min(config.spark.parallel_merges, len(selected))
+    if workers <= 1:
+        results = []
+        for table in selected:
+            results.append(apply_table(config, table, spark, reader, checkpoint.lsn))
+            if progress is not None:
+                progress(results[-1])
+        return results
+
+    def one(table: TableConfig) -> TableApplied:
+        with table_session(spark) as session:
+            return apply_table(config, table, session, reader, checkpoint.lsn)
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="merge") as pool:
+        futures: dict[Future[TableApplied], int] = {pool.submit(one, t): i for i, t in enumerate(selected)}
+        done: dict[int, TableApplied] = {}
+        failures: list[BaseException] = []
+        for future in as_completed(futures):
+            error = future.exception()
+            if error is not None:
+                failures.append(error)
+                continue
+            done[futures[future]] = future.result()
+            if progress is not None:
+                progress(done[futures[future]])
+    if failures:
+        raise failures[0]
+    return [done[i] for i in range(len(selected))]
 
 
 def apply_table(
@@ -114,6 +141,7 @@ def apply_table(
     counts = write_plan(target, plan, lsn, row_filter=table.row_filter)
     result.records = plan.records
     result.inserted, result.updated, result.deleted = counts.inserted, counts.updated, counts.deleted
+    result.write = counts.write
     result.applied_lsn = target.applied_lsn()
     result.delta_version = target.version()
     result.elapsed_s = time.monotonic() - started
@@ -140,7 +168,14 @@ def rebuild_table(
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")
     counts = write_plan(target, plan, checkpoint.lsn, row_filter=table.row_filter, rebuild=True)
     result = TableApplied(
-        name, target.path, target.applied_lsn(), plan.records, counts.inserted, counts.updated, counts.deleted
+        name,
+        target.path,
+        target.applied_lsn(),
+        plan.records,
+        counts.inserted,
+        counts.updated,
+        counts.deleted,
+        counts.write,
     )
     result.delta_version = target.version()
     result.elapsed_s = time.monotonic() - started

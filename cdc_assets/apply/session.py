@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 import pyspark
 from pyspark.sql import SparkSession
@@ -113,6 +114,33 @@ def _local_cores(master: str) -> int:
     if first == "*":
         return os.cpu_count() or 1
     return max(int(first), 1) if first.isdigit() else 1
+
+
+@contextmanager
+def table_session(spark: SparkSession) -> Iterator[SparkSession]:
+    """A session of ``spark``'s application with ``spark``'s SQL settings as they are now, and its
+    own from then on, for one table's commit beside others (Delta's idempotent-write settings are
+    per session). Classic: ``newSession()`` given the settings; Spark Connect, which has no
+    ``newSession``: a clone of the server session, released afterwards."""
+    if is_connect(spark):
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        clone = cast(ConnectSession, spark).cloneSession()
+        try:
+            yield cast(SparkSession, clone)
+        finally:
+            clone.stop()
+        return
+    session = spark.newSession()
+    for key, value in spark.conf.getAll.items():
+        if spark.conf.isModifiable(key) and session.conf.get(key, None) != value:
+            session.conf.set(key, value)
+    yield session
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSession:

@@ -131,6 +131,11 @@ class DeltaTarget:
             raise StorageError(f"no Delta table at {self.path}")
         return table
 
+    def create_clause(self) -> str:
+        """``USING delta TBLPROPERTIES (…)``: what a ``CREATE TABLE`` of this table says."""
+        properties = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in self.table_properties.items())
+        return f"USING delta TBLPROPERTIES ({properties})"
+
     def create(self, columns: pa.Schema) -> None:
         """The table with ``columns`` (and the metadata columns), no rows and no applied LSN (the
         first data commit records one)."""
@@ -215,3 +220,8 @@ def delta_schema(columns: pa.Schema) -> T.StructType:
 def backquote(name: str) -> str:
     """A name (column, path) quoted for Spark SQL."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def sql_string(text: str) -> str:
+    """A Spark SQL string literal of ``text`` (backslash escapes, as Spark's parser reads them)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -232,6 +232,17 @@ class Workload:
             self._prepared_unit(leave_pending=True)
         return self._since(before)
 
+    def one_kind(self, kind: str, ops: int) -> None:
+        """``ops`` operations of one ``kind`` in autocommit: ``insert`` (fresh or freed keys) or
+        ``update`` (plain updates of held rows: no key changes, swaps or truncates) — batches the
+        merge writes by its cheaper paths (an append; a MERGE without its insert clause)."""
+        self._resolve_pending()
+        target = self.stats.ops + ops
+        while self.stats.ops < target:
+            tables = [t for t in TABLES if kind == "insert" or (t != "events" and self._size(t))]
+            self._unit_ops = 0
+            getattr(self, f"_{kind}_{self.rng.choice(tables)}")()
+
     def finish(self) -> None:
         """Resolve a prepared transaction left open."""
         self._resolve_pending()

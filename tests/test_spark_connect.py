@@ -1,0 +1,207 @@
+"""Spark Connect: ``cdc-assets spark-server``, and the apply path run over a Connect session
+(docs/architecture.md, "Spark Connect") — the differential test's smaller variant, and a Dagster
+sensor's merge run with ``spark.remote``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+from pyspark.sql import SparkSession
+
+from cdc_assets.apply.session import is_connect
+from cdc_assets.lsn import format_lsn
+from tests.conftest import Database
+from tests.support.dagster_env import DSN_VARIABLE, DagsterEnv
+from tests.support.pipeline import wait_until
+from tests.test_apply_differential import BUCKET_OPS, BUCKET_SEEDS, SeedResult, run_seed
+from tests.test_dagster import (
+    DEMO_INSTANCE,
+    MIRROR_KEYS,
+    ROUND_1,
+    create_source,
+    materialization,
+    merge_requested,
+    requested,
+    tick_time,
+)
+
+pytestmark = pytest.mark.slow
+
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+START_TIMEOUT_S = 600.0  # a first start resolves Delta's jars through Ivy
+STOP_TIMEOUT_S = 90.0
+
+
+@dataclass(slots=True)
+class RunningServer:
+    """A ``cdc-assets spark-server`` subprocess and the lines it printed."""
+
+    process: subprocess.Popen[str]
+    port: int
+    lines: list[str]
+
+    @property
+    def address(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(STOP_TIMEOUT_S)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def start_server(folder: Path) -> RunningServer:
+    """``cdc-assets spark-server`` in ``folder`` (no configuration file there: a plain server with
+    Delta), waited on until it prints its address."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cdc_assets", "spark-server", "--port", str(port), "--log", str(folder / "server.log")],
+        cwd=folder,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    server = RunningServer(process, port, [])
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            server.lines.append(line.rstrip("\n"))
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        wait_until(
+            lambda: any("listening at" in line for line in server.lines) or process.poll() is not None,
+            timeout=START_TIMEOUT_S,
+            what="the Spark Connect server to listen",
+        )
+    except BaseException:
+        process.kill()
+        raise
+    assert process.poll() is None, server.lines
+    return server
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    server = start_server(tmp_path_factory.mktemp("connect"))
+    try:
+        yield server
+    finally:
+        if server.process.poll() is None:
+            server.stop()
+
+
+def connect_session(server: RunningServer) -> SparkSession:
+    return SparkSession.builder.remote(server.address).create()
+
+
+def test_spark_server_prints_its_address_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """The server listens where it says, serves a Delta statement, and SIGTERM stops it: exit 0,
+    the port closed, no JVM left behind."""
+    server = start_server(tmp_path)
+    assert f"listening at {server.address} (Ctrl-C stops it)" in server.lines, server.lines
+    session = connect_session(server)
+    path = tmp_path / "t"
+    session.sql(f"CREATE TABLE delta.`{path}` (id bigint) USING delta").collect()
+    session.sql(f"INSERT INTO delta.`{path}` VALUES (1), (2)").collect()
+    assert session.read.format("delta").load(str(path)).count() == 2
+    session.stop()
+    assert server.stop() == 0, server.lines
+    assert not listening(server.port)
+    assert server.lines[-1] == "stopped", server.lines
+
+
+def test_differential_over_spark_connect(pg: Database, connect_server: RunningServer, tmp_path: Path) -> None:
+    """The differential test's smaller variant with every merge, schema change and read over a
+    Spark Connect session: exact, read back by Spark (over Connect) and by delta-rs."""
+
+    def one(seed: int) -> SeedResult:
+        session = connect_session(connect_server)
+        assert is_connect(session)
+        try:
+            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=BUCKET_OPS)
+        finally:
+            session.stop()
+
+    with ThreadPoolExecutor(len(BUCKET_SEEDS), thread_name_prefix="seed") as pool:
+        results = list(pool.map(one, BUCKET_SEEDS))
+    assert not [p for r in results for p in r.problems], "\n\n".join(p for r in results for p in r.problems)
+    assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
+    writes = {w for r in results for w, n in r.writes.items() if n}
+    assert {"create", "MERGE"} <= writes, writes
+
+
+def remote_config(path: Path, address: str) -> None:
+    """``path`` (a test configuration file) with ``spark.remote`` in place of the master."""
+    document: dict[str, Any] = yaml.safe_load(path.read_text())
+    document["spark"] = {"remote": address}
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+
+
+@pytest.fixture(autouse=True)
+def classic_mode_restored() -> Iterator[None]:
+    """A Connect session marks the whole process as Spark Connect (pyspark's
+    ``SPARK_CONNECT_MODE_ENABLED``, which makes ``pyspark.sql.functions`` build Connect columns);
+    the other test modules share a classic session, so the mark goes with each test."""
+    before = os.environ.get(CONNECT_MODE)
+    yield
+    if before is None:
+        os.environ.pop(CONNECT_MODE, None)
+    else:
+        os.environ[CONNECT_MODE] = before
+
+
+def test_dagster_sensor_merge_runs_over_spark_connect(
+    pg: Database, connect_server: RunningServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``spark.remote`` in the configuration, the drain schedule's run and each sensor's merge
+    run (executed as the daemon launches them) merge over the Connect server: every table equals
+    its source after the first merges and after a round of inserts, updates and deletes."""
+    folder = tmp_path / "dagster"
+    monkeypatch.setenv("CDC_CONFIG", str(folder / "cdc.yaml"))
+    monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
+    create_source(pg, folder)
+    remote_config(folder / "cdc.yaml", connect_server.address)
+    with dg.instance_for_test(overrides=DEMO_INSTANCE) as instance:
+        env = DagsterEnv(pg, folder, instance)
+        for minute, transactions in ((0, []), (5, ROUND_1)):
+            env.transactions(*transactions)
+            env.run_schedule(tick_time(minute))
+            ticks = env.evaluate_sensors()
+            assert requested(ticks), {t: tick.skip_message for t, tick in ticks.items()}
+            results = merge_requested(env, ticks)
+            env.assert_mirrors()
+            for table, result in results.items():
+                metadata = materialization(result, MIRROR_KEYS[table])
+                assert metadata["applied_lsn"] == format_lsn(env.checkpoint_lsn()) == format_lsn(env.applied(table))
+    assert os.environ.get(CONNECT_MODE) == "1"  # the runs' Spark sessions were Connect sessions

@@ -100,10 +100,13 @@ def run_seed(
     *,
     ops: int = OPS,
     bucket: Bucket | None = None,
+    remote: str | None = None,
     drop_slot: bool = True,
 ) -> SeedResult:
     """One seed; with ``bucket``, the change log and the warehouse are in it (``spark`` must reach
-    it); ``drop_slot``: drop the seed's slot at the end (else only if the seed failed)."""
+    it); ``remote``: ``spark`` is a session of the Spark Connect server there (the configuration
+    says so, so that tables are merged side by side on sessions of their own); ``drop_slot``: drop
+    the seed's slot at the end (else only if the seed failed)."""
     started = time.monotonic()
     schema, slot = f"diff{seed}", f"diff_{seed}"
     plan = random.Random(f"pipeline-{seed}")  # pipeline choices; the workload has its own stream
@@ -118,6 +121,8 @@ def run_seed(
             "storage": bucket.section(),
         }
         environ |= bucket.environ()
+    if remote is not None:
+        sections["spark"] = {"remote": remote}
     try:
         workload.create()
         workload.populate()

@@ -149,7 +149,7 @@ def test_differential_over_spark_connect(pg: Database, connect_server: RunningSe
         session = connect_session(connect_server)
         assert is_connect(session)
         try:
-            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=BUCKET_OPS)
+            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=BUCKET_OPS, remote=connect_server.address)
         finally:
             session.stop()
 

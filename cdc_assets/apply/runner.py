@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.planner import RecordChunk, fill_from_history, plan_changes
-from cdc_assets.apply.session import table_session
+from cdc_assets.apply.session import is_connect, table_session
 from cdc_assets.apply.target import DeltaTarget, app_id
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, TableConfig, TableName
@@ -76,6 +76,8 @@ def apply_tables(
     checkpoint = reader.require_checkpoint()
     selected = [config.table(t) for t in tables] if tables else list(config.tables)
     workers = min(config.spark.parallel_merges, len(selected))
+    if is_connect(spark) and config.spark.remote is None:
+        workers = 1  # a Connect session handed in without its server's address: no second one to open
     if workers <= 1:
         results = []
         for table in selected:
@@ -85,7 +87,7 @@ def apply_tables(
         return results
 
     def one(table: TableConfig) -> TableApplied:
-        with table_session(spark) as session:
+        with table_session(spark, config.spark) as session:
             return apply_table(config, table, session, reader, checkpoint.lsn)
 
     with ThreadPoolExecutor(workers, thread_name_prefix="merge") as pool:

@@ -21,7 +21,6 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
 
 import pyspark
 from pyspark.sql import SparkSession
@@ -117,25 +116,36 @@ def _local_cores(master: str) -> int:
 
 
 @contextmanager
-def table_session(spark: SparkSession) -> Iterator[SparkSession]:
+def table_session(spark: SparkSession, config: SparkConfig) -> Iterator[SparkSession]:
     """A session of ``spark``'s application with ``spark``'s SQL settings as they are now, and its
     own from then on, for one table's commit beside others (Delta's idempotent-write settings are
-    per session). Classic: ``newSession()`` given the settings; Spark Connect, which has no
-    ``newSession``: a clone of the server session, released afterwards."""
-    if is_connect(spark):
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-
-        clone = cast(ConnectSession, spark).cloneSession()
-        try:
-            yield cast(SparkSession, clone)
-        finally:
-            clone.stop()
+    per session). Classic: ``newSession()``. Spark Connect has no ``newSession`` (and the
+    ``cloneSession`` of pyspark 4.2 returns a session that cannot be stopped): a new session on
+    the server at ``spark.remote``, released afterwards."""
+    if not is_connect(spark):
+        session = spark.newSession()
+        _copy_settings(spark, session)
+        yield session
         return
-    session = spark.newSession()
-    for key, value in spark.conf.getAll.items():
-        if spark.conf.isModifiable(key) and session.conf.get(key, None) != value:
-            session.conf.set(key, value)
-    yield session
+    if config.remote is None:
+        raise ConfigError("a second Spark Connect session needs the server's address: set spark.remote")
+    builder = SparkSession.builder.remote(config.remote)
+    for key, value in config.conf.items():
+        builder = builder.config(key, value)
+    session = builder.create()
+    try:
+        _copy_settings(spark, session)
+        yield session
+    finally:
+        session.stop()
+
+
+def _copy_settings(source: SparkSession, target: SparkSession) -> None:
+    """``source``'s SQL settings that ``target`` lacks or has otherwise, where they can change."""
+    have = target.conf.getAll
+    for key, value in source.conf.getAll.items():
+        if have.get(key) != value and source.conf.isModifiable(key):
+            target.conf.set(key, value)
 
 
 def is_connect(spark: SparkSession) -> bool:

@@ -175,7 +175,7 @@ def test_compose_anchors_and_merge_keys_resolve_into_every_service(compose: dict
     assert not leftovers, f"unresolved merge keys at {leftovers}"
     image, dagster_env = compose["x-cdc-image"], compose["x-dagster-env"]
     services = compose["services"]
-    for name in ("code_location", "webserver", "daemon", "spark_master", "spark_worker"):
+    for name in ("code_location", "webserver", "daemon", "spark_connect", "spark_master", "spark_worker"):
         assert services[name]["build"] == image["build"] and services[name]["image"] == image["image"], name
     for name in DAGSTER_SERVICES:
         assert dagster_env.items() <= environment(services[name]).items(), name
@@ -382,14 +382,22 @@ def test_pipeline_config_loads_and_builds_the_code_location(
     assert config.source.dsn == dsn
     assert [str(t.name) for t in config.tables] == ["public.orders"]
 
-    # Spark: the master service, by the alias the other containers resolve, on its port.
+    # Spark: every run a session of the Spark Connect service, by the alias the other containers
+    # resolve, on its port; that server runs on the master service, which the worker joins.
     services = compose["services"]
-    master = re.fullmatch(r"spark://([\w.-]+):(\d+)", config.spark.master or "")
-    assert master is not None, config.spark.master
+    remote = re.fullmatch(r"sc://([\w.-]+):(\d+)", config.spark.remote or "")
+    assert remote is not None and config.spark.master is None, config.spark
+    server = shlex.split(services["spark_connect"]["command"])
+    assert server[:2] == ["cdc-assets", "spark-server"] and server[server.index("--port") + 1] == remote.group(2)
+    assert remote.group(1) in services["spark_connect"]["networks"]["default"]["aliases"]
+    assert environment(services["spark_connect"])["CDC_CONFIG"] == "/opt/dagster/cdc.yaml"  # reads this file
+    master = re.fullmatch(r"spark://([\w.-]+):(\d+)", server[server.index("--master") + 1])
+    assert master is not None, server
     command = shlex.split(services["spark_master"]["command"])
     assert command[command.index("--port") + 1] == master.group(2)
     assert master.group(1) in services["spark_master"]["networks"]["default"]["aliases"]
-    assert config.spark.master in services["spark_worker"]["command"]
+    assert master.group(0) in services["spark_worker"]["command"]
+    assert services["daemon"]["depends_on"]["spark_connect"]["condition"] == "service_healthy"
 
     # The change log and the warehouse are in the bucket the minio_bucket service creates on the
     # minio service, which the code location waits for; Spark reaches it through s3a.

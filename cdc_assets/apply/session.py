@@ -10,7 +10,8 @@ Spark's own classpath (``$SPARK_HOME/jars``, as in deploy/Dockerfile's image), n
 resolved. With the warehouse on S3 (``SparkConfig.storage``), the session also gets Hadoop's s3a
 settings from the ``storage`` section and the ``hadoop-aws`` jar of the Hadoop that pyspark ships
 (which brings the AWS SDK bundle), unless it is on the classpath already. A Spark Connect server
-must have Delta, and for S3 the s3a jars and settings, installed itself.
+must have all that itself: ``cdc-assets spark-server`` starts one with these very settings
+(``connect_server.py``); a Connect session takes only the SQL settings of ``spark.conf``.
 """
 
 from __future__ import annotations
@@ -129,10 +130,7 @@ def table_session(spark: SparkSession, config: SparkConfig) -> Iterator[SparkSes
         return
     if config.remote is None:
         raise ConfigError("a second Spark Connect session needs the server's address: set spark.remote")
-    builder = SparkSession.builder.remote(config.remote)
-    for key, value in config.conf.items():
-        builder = builder.config(key, value)
-    session = builder.create()
+    session = _remote_builder(config).create()
     try:
         _copy_settings(spark, session)
         yield session
@@ -148,6 +146,33 @@ def _copy_settings(source: SparkSession, target: SparkSession) -> None:
             target.conf.set(key, value)
 
 
+SESSION_SETTING_PREFIXES = ("spark.sql.", "spark.databricks.")
+
+
+def _remote_builder(config: SparkConfig) -> SparkSession.Builder:
+    """A Spark Connect session's builder: the server at ``spark.remote``, and the SQL settings of
+    ``spark.conf`` (``spark.sql.*``, Delta's ``spark.databricks.*``), which are per session; the
+    other settings are the server's own (``cdc-assets spark-server`` starts with all of them)."""
+    assert config.remote is not None
+    builder = SparkSession.builder.remote(config.remote)
+    for key, value in config.conf.items():
+        if key.startswith(SESSION_SETTING_PREFIXES):
+            builder = builder.config(key, value)
+    return builder
+
+
+def _require_connect_client() -> None:
+    """Spark Connect's client libraries are installed (pyspark's ``connect`` extra)."""
+    try:
+        from pyspark.sql.connect.utils import check_dependencies
+
+        check_dependencies()
+    except ImportError as error:
+        raise ConfigError(
+            f"spark.remote needs Spark Connect's client libraries: pip install 'cdc-assets[connect]' ({error})"
+        ) from None
+
+
 def is_connect(spark: SparkSession) -> bool:
     """Whether ``spark`` is a Spark Connect client session."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
@@ -156,10 +181,8 @@ def is_connect(spark: SparkSession) -> bool:
 def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSession:
     """The session for ``config`` (an existing active one with the same master is reused)."""
     if config.remote:
-        builder = SparkSession.builder.remote(config.remote).appName(app_name)
-        for key, value in config.conf.items():
-            builder = builder.config(key, value)
-        return builder.getOrCreate()
+        _require_connect_client()
+        return _remote_builder(config).appName(app_name).getOrCreate()
     builder = SparkSession.builder.master(config.master or "local[2]")
     for key, value in session_settings(config, app_name).items():
         builder = builder.config(key, value)

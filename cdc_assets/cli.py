@@ -216,12 +216,15 @@ def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
 
 def _apply(args: argparse.Namespace, config: Config | None = None, spark: SparkSession | None = None) -> int:
     from cdc_assets.apply.runner import TableApplied, apply_tables
+    from cdc_assets.changelog.checkpoint import require_checkpoint
 
     config = config or _config(args)
 
     def show(result: TableApplied) -> None:
         print(result.summary())
 
+    if spark is None:  # nothing to apply before setup: say so before starting Spark
+        require_checkpoint(config.changelog_store())
     apply_tables(config, spark or _spark(config), getattr(args, "table", None), progress=show)
     return 0
 

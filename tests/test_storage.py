@@ -187,3 +187,37 @@ def test_an_unreachable_bucket_is_a_clear_error_that_shows_no_credential(bucket:
     with pytest.raises(StorageError, match=f"cannot read the change log at {bucket.uri}/changelog") as error:
         refused.read_bytes("_checkpoint.json")
     assert not any(secret in str(error.value) for secret in bucket.storage.secrets)
+
+
+def test_a_change_log_in_a_missing_bucket_is_named_as_such_not_as_a_log_never_set_up(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    """``cdc-assets apply`` with ``changelog.path`` in a bucket that does not exist says so (not
+    "run setup"), before starting Spark; an existing bucket without a checkpoint is "run setup"."""
+    document = {
+        "source": {"dsn": "${DSN}"},
+        "changelog": {"path": "s3://no-such-bucket/changelog"},
+        "warehouse": {"path": f"{bucket.uri}/warehouse"},
+        "storage": bucket.section(),
+        "tables": {"public.t": {}},
+    }
+    config = tmp_path / "cdc.yaml"
+    config.write_text(yaml.safe_dump(document))
+    environ = {**os.environ, **bucket.environ(), "DSN": "host=127.0.0.1 port=1 dbname=none"}
+
+    def apply() -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "cdc_assets", "apply", "-c", str(config)],
+            capture_output=True, text=True, env=environ, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "starting Spark" not in done.stderr, done.stderr  # refused before any Spark start
+        return done.stderr.strip()
+
+    assert apply() == (
+        "cdc-assets: the change log at s3://no-such-bucket/changelog: bucket no-such-bucket does not exist"
+        " (check changelog.path)"
+    )
+    document["changelog"] = {"path": f"{bucket.uri}/changelog"}
+    config.write_text(yaml.safe_dump(document))
+    assert apply().endswith("has no checkpoint: run `cdc-assets setup` first")

@@ -15,7 +15,7 @@ from typing import Any
 from cdc_assets.changelog.layout import CHECKPOINT
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
-from cdc_assets.errors import CdcError, NotSetUpError
+from cdc_assets.errors import CdcError, NotSetUpError, StorageError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
 
@@ -158,6 +158,9 @@ def require_checkpoint(store: LogStore) -> Checkpoint:
     """The current checkpoint; :class:`NotSetUpError` for a log that was never set up."""
     checkpoint = read_checkpoint(store)
     if checkpoint is None:
+        bucket = store.missing_bucket()
+        if bucket is not None:
+            raise StorageError(f"the change log at {store.root}: bucket {bucket} does not exist (check changelog.path)")
         raise NotSetUpError(f"the change log at {store.root} has no checkpoint: run `cdc-assets setup` first")
     return checkpoint
 

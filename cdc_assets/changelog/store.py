@@ -52,6 +52,14 @@ class LogStore:
         with self._reaching():
             return bool(self.fs.get_file_info(self.path(name)).type != pafs.FileType.NotFound)
 
+    def missing_bucket(self) -> str | None:
+        """The bucket of an object-store root when it does not exist (a typo, or not created yet)."""
+        if self.local:
+            return None
+        bucket = self._base.split("/", 1)[0]
+        with self._reaching():
+            return bucket if self.fs.get_file_info(bucket).type == pafs.FileType.NotFound else None
+
     def list(self, folder: str) -> list[str]:
         """Names of the files directly inside ``folder`` (relative to the root), sorted."""
         return self._entries(folder, pafs.FileType.File)

@@ -198,10 +198,7 @@ def build_base(spark: Any, path: Path, m: int, rows_per_file: int) -> dict[str, 
     target = DeltaTarget(spark, str(path), app_id(SLOT, TABLE))
     schema = delta_schema(table_columns())
     started = time.perf_counter()
-    writer = spark.createDataFrame([], schema).write.format("delta").mode("overwrite")
-    for key, value in target.create_options().items():
-        writer = writer.option(key, value)
-    writer.save(str(path))
+    target.create(table_columns())
     parts = max(1, -(-m // rows_per_file))
     rows = spark.range(1, m + 1, 1, parts).select(
         F.col("id"),

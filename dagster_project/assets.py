@@ -14,6 +14,7 @@ import dagster as dg
 from dagster import AssetExecutionContext
 
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
+from cdc_assets.apply.table_files import table_files
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.drain import DrainProgress, DrainResult, drain
@@ -132,6 +133,7 @@ def table_metadata(result: TableApplied, rows: int | None) -> dict[str, dg.Metad
             format_lsn(result.applied_lsn) if result.applied_lsn is not None else "none"
         ),
         "delta_version": dg.MetadataValue.int(result.delta_version if result.delta_version is not None else -1),
+        "write": dg.MetadataValue.text(result.write or "none"),
         "dagster/uri": dg.MetadataValue.path(result.path),
     }
     if rows is not None:
@@ -142,8 +144,12 @@ def table_metadata(result: TableApplied, rows: int | None) -> dict[str, dg.Metad
 
 
 def _row_count(session: object, config: Config, table: TableConfig) -> int | None:
+    """The Delta table's rows: from its files' statistics (delta-rs, no Spark job), else counted."""
     target = delta_target(config, table, session)  # type: ignore[arg-type]
-    return target.read().count() if target.exists() else None
+    if not target.exists():
+        return None
+    rows = table_files(target.path, target.storage_options).rows
+    return rows if rows is not None else target.read().count()
 
 
 def table_partitions(settings: Settings) -> dg.StaticPartitionsDefinition:

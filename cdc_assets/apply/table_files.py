@@ -19,6 +19,7 @@ class TableFiles:
     bytes: int
     deletion_vectors: int  # data files that carry a deletion vector
     deleted_rows: int  # rows those deletion vectors mark deleted (still in the files)
+    rows: int | None = None  # rows of the version, from the files' statistics (None: a file has none)
 
     def line(self) -> str:
         return (
@@ -30,7 +31,7 @@ class TableFiles:
 def table_files(path: str, storage_options: dict[str, str] | None = None) -> TableFiles:
     """The data files of the Delta table at ``path`` as of its latest version."""
     table = RustDeltaTable(path, storage_options=storage_options)
-    files = pa.table(table.get_add_actions(flatten=True).select(["size_bytes"]))
+    files = pa.table(table.get_add_actions(flatten=True).select(["size_bytes", "num_records"]))
     vectors = deleted = 0
     for batch in pa.RecordBatchReader.from_stream(table.deletion_vectors()):
         keep = pa.record_batch(batch).column("selection_vector")  # per file, per row: kept?
@@ -42,4 +43,7 @@ def table_files(path: str, storage_options: dict[str, str] | None = None) -> Tab
         bytes=pc.sum(files.column("size_bytes")).as_py() or 0,
         deletion_vectors=vectors,
         deleted_rows=deleted,
+        rows=None
+        if files.column("num_records").null_count
+        else (pc.sum(files.column("num_records")).as_py() or 0) - deleted,
     )

@@ -1,10 +1,15 @@
-"""The drain schedule and one sensor per table.
+"""The drain schedule (and, with ``schedule.drain_lag_bytes``, a drain sensor on the slot's lag),
+and one merge sensor per table.
 
 A table's sensor compares two small things — the change log's checkpoint file (the end LSN of the
 last transaction that changed the table) and the Delta log's recorded applied LSN (read with
 delta-rs) — and requests a merge when the log is ahead. No Spark, no WAL decoding: well inside
 Dagster's sensor time limit. Its cursor is the checkpoint it last requested for, and the run key
 names it, so each range is requested once.
+
+The drain sensor reads one row of ``pg_replication_slots`` and asks for a drain when the slot is
+``drain_lag_bytes`` behind and no drain of the slot is queued or running (drain runs carry the
+``cdc/drain`` tag): the drain then follows the writes instead of the clock.
 """
 
 import dagster as dg
@@ -14,8 +19,19 @@ from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
+from cdc_assets.source.connection import connect
+from cdc_assets.source.slots import read_slot
 from dagster_project.assets import table_slug
+from dagster_project.resources import CdcSource
 from dagster_project.settings import Settings
+
+DRAIN_TAG = "cdc/drain"  # on every drain run: the slot it drains
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 
 
 def build_drain_schedule(settings: Settings, changelog: dg.AssetsDefinition) -> dg.ScheduleDefinition:
@@ -23,10 +39,39 @@ def build_drain_schedule(settings: Settings, changelog: dg.AssetsDefinition) -> 
         name="cdc_drain_schedule",
         cron_schedule=settings.config.schedule.drain_cron,
         target=[changelog],
+        tags={DRAIN_TAG: settings.config.source.slot},
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description="Drains the replication slot into the change log.",
     )
+
+
+def build_drain_sensor(settings: Settings, changelog: dg.AssetsDefinition, lag_bytes: int) -> dg.SensorDefinition:
+    schedule = settings.config.schedule
+    slot = settings.config.source.slot
+
+    @dg.sensor(
+        name="cdc_drain_on_lag",
+        target=[changelog],
+        minimum_interval_seconds=schedule.drain_check_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Requests a drain when slot {slot} is {lag_bytes:,} WAL bytes behind or more.",
+    )
+    def drain_sensor(context: SensorEvaluationContext, source: CdcSource) -> dg.SensorResult | dg.SkipReason:
+        if context.instance.get_runs_count(dg.RunsFilter(tags={DRAIN_TAG: slot}, statuses=IN_FLIGHT)):
+            return dg.SkipReason(f"a drain of slot {slot} is queued or running")
+        with connect(source.config().source, purpose="drain-sensor") as conn:
+            state = read_slot(conn, slot)
+        if state is None:
+            return dg.SkipReason(f"slot {slot} does not exist yet: run `cdc-assets setup`")
+        lag = state.lag_bytes or 0
+        if lag < lag_bytes:
+            return dg.SkipReason(f"slot {slot} is {lag:,} bytes behind (a drain from {lag_bytes:,})")
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(run_key=f"drain@{state.current_wal_lsn}", tags={DRAIN_TAG: slot})]
+        )
+
+    return drain_sensor
 
 
 def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.AssetsDefinition) -> dg.SensorDefinition:

@@ -1,0 +1,68 @@
+"""The drain sensor (``schedule.drain_lag_bytes``): a drain requested when the slot falls behind,
+never while a drain of the slot is queued or running — evaluated as the daemon does, against a
+real PostgreSQL slot and a Dagster instance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+
+from tests.conftest import Database
+from tests.support.dagster_env import DSN_VARIABLE, load_code_location
+from tests.test_dagster import create_source
+
+SLOT = "cdc_lag_slot"
+LAG_BYTES = 200_000
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> Any:
+    sensor = next(s for s in defs.sensors if s.name == "cdc_drain_on_lag")
+    # the resources the daemon hands the sensor from the code location's definitions
+    context = dg.build_sensor_context(instance=instance, definitions=defs, resources=dict(defs.resources or {}))
+    return sensor, sensor.evaluate_tick(context)
+
+
+def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
+    pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "lag"
+    monkeypatch.setenv("CDC_CONFIG", str(folder / "cdc.yaml"))
+    monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
+    create_source(pg, folder, slot=SLOT)
+    document = yaml.safe_load((folder / "cdc.yaml").read_text())
+    document["schedule"] = {"drain_lag_bytes": LAG_BYTES, "drain_check_seconds": 10}
+    # a drain's logical message moves the slot past WAL that holds no published change (the
+    # scratch table's rows below), which would otherwise keep the lag up drain after drain
+    document["source"]["heartbeat"] = True
+    (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    defs = load_code_location()
+    with dg.instance_for_test() as instance:
+        sensor, quiet = tick(defs, instance)
+        assert sensor.minimum_interval_seconds == 10
+        assert not quiet.run_requests and "bytes behind (a drain from 200,000)" in (quiet.skip_message or ""), quiet
+
+        pg.execute("INSERT INTO public.scratch SELECT generate_series(1, 20000)")  # WAL the slot has not read
+        _, due = tick(defs, instance)
+        [request] = due.run_requests
+        assert request.tags["cdc/drain"] == SLOT and request.run_key.startswith("drain@")
+
+        # Requested again while that drain waits to start: nothing more.
+        job = defs.resolve_job_def(sensor.job_name)
+        queued = instance.create_run_for_job(job, tags=request.tags, status=dg.DagsterRunStatus.NOT_STARTED)
+        _, waiting = tick(defs, instance)
+        assert not waiting.run_requests and waiting.skip_message == f"a drain of slot {SLOT} is queued or running"
+        instance.report_run_canceled(queued)
+
+        # The drain itself (the sensor's job, with its tags): the slot caught up, nothing requested.
+        result = job.execute_in_process(instance=instance, tags={**request.tags, "dagster/run_key": request.run_key})
+        assert result.success
+        _, done = tick(defs, instance)
+        assert not done.run_requests and "bytes behind" in (done.skip_message or ""), done.skip_message
+
+    # The schedule's drain runs carry the same tag, so the sensor waits for them too.
+    schedule = defs.resolve_schedule_def("cdc_drain_schedule")
+    assert schedule.tags == {"cdc/drain": SLOT}

@@ -1,8 +1,9 @@
-"""Apply benchmark: MERGE of N changes into a Delta table of M rows, against a plain append of N rows.
+"""Apply benchmark: N changes into a Delta table of M rows — the project's write, an append of N rows
+by Spark, and the same changes merged by delta-rs (the peer a user would pick for small batches).
 
     python benchmarks/apply.py [--n 10000,100000,1000000] [--m 1000000,10000000] [--sizes NxM,...]
-                               [--repeat 3] [--repeat-large 1] [--recent 1.0] [--driver-memory 8g] [--conf KEY=VALUE]
-                               [--out apply.json]
+                               [--mixes mixed,inserts,updates] [--repeat 3] [--repeat-large 1] [--recent 1.0]
+                               [--driver-memory 8g] [--conf KEY=VALUE] [--no-peer] [--out apply.json]
 
 What is measured -- the project's real apply path, minus reading the change log from Parquet:
 
@@ -10,19 +11,27 @@ What is measured -- the project's real apply path, minus reading the change log 
   record schema, the commit columns prepended per transaction by
   ``cdc_assets.transactions.with_commit_columns``; transactions of ``--tx-size`` changes), for a
   7-column table ``public.big`` (bigint key, int, text, timestamptz, numeric(12,2), bool, float8):
-  80% UPDATEs of distinct existing keys (no old tuple, as pgoutput sends for a default replica
-  identity), 10% DELETEs of other existing keys (``K`` old key), 10% INSERTs of new keys, keys
-  drawn uniformly at random over the table (``--recent 0.1``: over its newest tenth, as the changes of
-  a serial key cluster) and the changes shuffled over the transactions;
+  per ``--mixes``: ``mixed`` — 80% UPDATEs of distinct existing keys (no old tuple, as pgoutput
+  sends for a default replica identity), 10% DELETEs of other existing keys (``K`` old key), 10%
+  INSERTs of new keys; ``inserts`` — INSERTs of new keys only; ``updates`` — UPDATEs of distinct
+  existing keys only. Keys are drawn uniformly at random over the table (``--recent 0.1``: over its
+  newest tenth, as the changes of a serial key cluster) and the changes shuffled over the
+  transactions;
 * **merge** = ``planner.plan_changes`` (net change per key) + ``merge.write_plan`` on a
   ``target.DeltaTarget`` -- exactly what ``runner.apply_table`` does after
-  ``ChangeLogReader.read_changes``: one Delta MERGE on the key, committed with the applied LSN;
+  ``ChangeLogReader.read_changes``: one Delta commit with the applied LSN, written as the plan's
+  shape allows (``mixed``: a MERGE; ``inserts``: an append; ``updates``: a MERGE without its insert
+  clause — the run records which);
+* **delta-rs** (unless ``--no-peer``) = the same plan's rows merged by delta-rs
+  (``DeltaTable.merge``: delete, update, insert on the key) into a copy of the same rows in a table
+  without deletion vectors and column mapping (delta-rs writes neither), outside Spark;
 * **append** = the same N row images as INSERTs of a keyless relation (same columns), through the
   same two calls: ``plan_changes`` gives an append plan and ``write_plan`` appends the N rows to the
   same M-row table (the project's own append path, also one commit with the applied LSN);
-* both are timed end to end (plan + write, wall clock, the Spark session already warm); the
-  ratio is merge / append per (N, M), medians over the repetitions. Acceptance: 100k changes into
-  a 1M-row table take at most 3x the time of appending 100k rows.
+* each is timed end to end (plan + write, wall clock, the Spark session already warm); the
+  ratios are merge / append and delta-rs / append per (N, M, mix), medians over the repetitions.
+  Acceptance (the ``mixed`` mix): 100k changes into a 1M-row table take at most 3x the time of
+  appending 100k rows.
 
 The base tables: per M, one table created as ``write_plan`` would create it (the project's
 ``delta_schema`` and table properties: deletion vectors, column mapping), then filled with M rows
@@ -55,10 +64,10 @@ import _common as common
 import numpy as np
 import pyarrow as pa
 
-from cdc_assets.apply.merge import write_plan
+from cdc_assets.apply.merge import MergeCounts, write_plan
 from cdc_assets.apply.planner import RecordChunk, plan_changes
 from cdc_assets.apply.session import quiet_start, spark_session
-from cdc_assets.apply.spark_types import delta_arrow_type
+from cdc_assets.apply.spark_types import delta_arrow_type, to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget, app_id, delta_schema
 from cdc_assets.config import SparkConfig
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
@@ -160,10 +169,16 @@ def change_records(
     return pa.Table.from_batches(batches).combine_chunks(), end_lsn
 
 
-def change_set(n: int, m: int, rng: np.random.Generator, tx_size: int, recent: float = 1.0) -> dict[str, Any]:
-    """N changes; the updated and deleted keys are drawn from the newest ``recent`` share of the
-    table's keys (1.0: uniformly over the whole table), or from as many as they need."""
-    updates, deletes = int(n * 0.8), int(n * 0.1)
+MIXES = {"mixed": (0.8, 0.1), "inserts": (0.0, 0.0), "updates": (1.0, 0.0)}  # (updates, deletes) shares
+
+
+def change_set(
+    n: int, m: int, rng: np.random.Generator, tx_size: int, recent: float = 1.0, mix: str = "mixed"
+) -> dict[str, Any]:
+    """N changes of ``mix``; the updated and deleted keys are drawn from the newest ``recent`` share
+    of the table's keys (1.0: uniformly over the whole table), or from as many as they need."""
+    update_share, delete_share = MIXES[mix]
+    updates, deletes = int(n * update_share), int(n * delete_share)
     inserts = n - updates - deletes
     window = min(m, max(int(m * recent), updates + deletes))
     existing = (
@@ -191,11 +206,18 @@ def table_columns() -> pa.Schema:
     return pa.schema([pa.field(f.name, delta_arrow_type(f.type)) for f in row_type])
 
 
-def build_base(spark: Any, path: Path, m: int, rows_per_file: int) -> dict[str, Any]:
-    """The pristine M-row table: created empty as ``write_plan`` creates a table, then one append."""
+PLAIN = {"delta.enableDeletionVectors": "false", "delta.columnMapping.mode": "none"}
+"""Table properties of the delta-rs peer's copy: delta-rs writes neither feature."""
+
+
+def build_base(
+    spark: Any, path: Path, m: int, rows_per_file: int, properties: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The pristine M-row table: created empty as ``write_plan`` creates a table (``properties``
+    over the project's defaults), then one append."""
     from pyspark.sql import functions as F
 
-    target = DeltaTarget(spark, str(path), app_id(SLOT, TABLE))
+    target = DeltaTarget(spark, str(path), app_id(SLOT, TABLE), table_properties=properties)
     schema = delta_schema(table_columns())
     started = time.perf_counter()
     target.create(table_columns())
@@ -240,25 +262,49 @@ def last_operation(spark: Any, path: str) -> dict[str, Any]:
     }
 
 
+def rust_merge(path: str, plan: Any) -> MergeCounts:
+    """The plan's rows merged by delta-rs: delete, update, insert on the key."""
+    from deltalake import DeltaTable as RustDeltaTable
+
+    rows = to_delta_arrow(plan.rows)
+    columns = [f.name for f in table_columns()] + ["_cdc_lsn", "_cdc_commit_time"]
+    values = {c: f"s.{c}" for c in columns}
+    metrics = (
+        RustDeltaTable(path)
+        .merge(rows.select([*columns, "_cdc_action"]), "t.id = s.id", source_alias="s", target_alias="t")
+        .when_matched_delete("s._cdc_action = 'delete'")
+        .when_matched_update(values)
+        .when_not_matched_insert(values, "s._cdc_action = 'upsert'")
+        .execute()
+    )
+    return MergeCounts(
+        metrics["num_target_rows_inserted"],
+        metrics["num_target_rows_updated"],
+        metrics["num_target_rows_deleted"],
+        "delta-rs",
+    )
+
+
 def run_one(spark: Any, kind: str, base: Path, trial: Path, changes: dict[str, Any], m: int, n: int) -> dict[str, Any]:
-    """Copy the pristine table to ``trial``, then plan + write_plan ``kind`` ('merge' or 'append')."""
+    """Copy the pristine table to ``trial``, then plan and write ``kind`` ('merge' or 'append':
+    write_plan; 'delta-rs': :func:`rust_merge`, ``base`` being the plain copy)."""
     shutil.copytree(base, trial)
     try:
-        records, lsn = changes[kind]
-        rel = KEYED if kind == "merge" else KEYLESS
+        records, lsn = changes["append" if kind == "append" else "merge"]
+        rel = KEYLESS if kind == "append" else KEYED
         target = DeltaTarget(spark, str(trial), app_id(SLOT, TABLE))
         gc.collect()
         started = time.perf_counter()
         plan = plan_changes([RecordChunk(rel, records)], rel)
         planned = time.perf_counter()
-        counts = write_plan(target, plan, lsn)
+        counts = rust_merge(str(trial), plan) if kind == "delta-rs" else write_plan(target, plan, lsn)
         done = time.perf_counter()
         # Verification, untimed.
         rows_after = target.read().count()
-        applied = target.applied_lsn()
+        applied = lsn if kind == "delta-rs" else target.applied_lsn()  # delta-rs records no applied LSN here
         operation = last_operation(spark, str(trial))
         expected = changes["expected"]
-        if kind == "merge":
+        if kind != "append":
             want_counts = (expected["inserted"], expected["updated"], expected["deleted"])
             want_rows = m + expected["inserted"] - expected["deleted"]
         else:
@@ -279,6 +325,7 @@ def run_one(spark: Any, kind: str, base: Path, trial: Path, changes: dict[str, A
             "total_s": done - started,
             "plan_rows": plan.rows.num_rows,
             "counts": {"inserted": counts.inserted, "updated": counts.updated, "deleted": counts.deleted},
+            "write": counts.write,
             "rows_after": rows_after,
             "verified": ok,
             "delta": operation,
@@ -298,6 +345,10 @@ def main() -> int:
     )
     parser.add_argument("--m", default="1000000,10000000", help="rows of the base table, comma-separated")
     parser.add_argument("--sizes", help="explicit NxM pairs instead of the --n x --m grid, e.g. 100kx1M,10kx10M")
+    parser.add_argument(
+        "--mixes", default="mixed,inserts,updates", help=f"change mixes, comma-separated: {', '.join(MIXES)}"
+    )
+    parser.add_argument("--no-peer", action="store_true", help="skip the delta-rs merges")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each pair with N < 1M and M < 10M")
     parser.add_argument("--repeat-large", type=int, default=1, help="repetitions of pairs with N >= 1M or M >= 10M")
     parser.add_argument("--tx-size", type=int, default=100, help="changes per source transaction")
@@ -332,6 +383,11 @@ def main() -> int:
     else:
         pairs = [(parse_count(n), parse_count(m)) for m in args.m.split(",") for n in args.n.split(",")]
     ms = sorted({m for _, m in pairs})
+    mixes = [mix.strip() for mix in args.mixes.split(",") if mix.strip()]
+    unknown = [mix for mix in mixes if mix not in MIXES]
+    if unknown:
+        parser.error(f"unknown mixes {unknown}: choose from {', '.join(MIXES)}")
+    kinds = ("append", "merge") if args.no_peer else ("append", "merge", "delta-rs")
 
     machine = common.machine()
     code_start = common.code_version()
@@ -350,6 +406,7 @@ def main() -> int:
         "spark": {"master": args.master, "conf": conf},
         "tx_size": args.tx_size,
         "recent": args.recent,
+        "mixes": mixes,
         "rows_per_file": args.rows_per_file,
         "bases": {},
         "runs": [],
@@ -374,7 +431,11 @@ def main() -> int:
     try:
         for m in ms:
             base = workdir / f"base-{fmt_count(m)}"
+            plain = workdir / f"base-plain-{fmt_count(m)}"
             try:
+                if not args.no_peer and not (plain / "_delta_log").exists():
+                    print(f"[M={fmt_count(m)}] building the plain base table (delta-rs) ...", flush=True)
+                    build_base(spark, plain, m, args.rows_per_file, PLAIN)
                 if not (base / "_delta_log").exists():
                     print(f"[M={fmt_count(m)}] building the base table ...", flush=True)
                     info = build_base(spark, base, m, args.rows_per_file)
@@ -397,53 +458,58 @@ def main() -> int:
                 print(f"ERROR {message}", flush=True)
                 results["errors"].append(message)
                 continue
+            bases = {"append": base, "merge": base, "delta-rs": plain}
             if m == ms[0] and "warmup" not in results:
-                print("[warm-up] 10k changes, append and merge (untimed) ...", flush=True)
+                print(f"[warm-up] 10k changes, {', '.join(kinds)} (untimed) ...", flush=True)
                 changes = change_set(10_000, m, rng, args.tx_size, args.recent)
                 results["warmup"] = [
-                    run_one(spark, kind, base, workdir / f"trial-{(trial_no := trial_no + 1)}", changes, m, 10_000)[
-                        "total_s"
-                    ]
-                    for kind in ("append", "merge")
+                    run_one(
+                        spark, kind, bases[kind], workdir / f"trial-{(trial_no := trial_no + 1)}", changes, m, 10_000
+                    )["total_s"]
+                    for kind in kinds
                 ]
             for n, pair_m in pairs:
                 if pair_m != m:
                     continue
                 large = n >= 1_000_000 or m >= 10_000_000
                 repeat = args.repeat_large if large else args.repeat
-                made = time.perf_counter()
-                changes = change_set(n, m, rng, args.tx_size, args.recent)
-                print(
-                    f"[N={fmt_count(n)} M={fmt_count(m)}] change set built in {time.perf_counter() - made:.1f} s",
-                    flush=True,
-                )
-                for r in range(repeat):
-                    for kind in ("append", "merge") if r % 2 == 0 else ("merge", "append"):
-                        trial_no += 1
-                        try:
-                            run = run_one(spark, kind, base, workdir / f"trial-{trial_no}", changes, m, n)
-                        except Exception as error:  # noqa: BLE001
-                            message = f"N={n} M={m} {kind} round {r + 1}: {type(error).__name__}: {str(error)[:500]}"
-                            print(f"ERROR {message}", flush=True)
-                            results["errors"].append(message)
-                            continue
-                        run.update({"n": n, "m": m, "round": r + 1})
-                        results["runs"].append(run)
-                        metrics = run["delta"]["metrics"]
-                        extra = ""
-                        if kind == "merge":
-                            extra = (
-                                f"; Delta: {metrics.get('numTargetFilesAdded', '?')} files added,"
-                                f" {metrics.get('numTargetDeletionVectorsAdded', '?')} deletion vectors,"
-                                f" executionTimeMs {metrics.get('executionTimeMs', '?')}"
+                for mix in mixes:
+                    made = time.perf_counter()
+                    changes = change_set(n, m, rng, args.tx_size, args.recent, mix)
+                    print(
+                        f"[N={fmt_count(n)} M={fmt_count(m)} {mix}] change set built in {time.perf_counter() - made:.1f} s",
+                        flush=True,
+                    )
+                    for r in range(repeat):
+                        order = kinds[r % len(kinds) :] + kinds[: r % len(kinds)]  # each kind first in turn
+                        for kind in order:
+                            trial_no += 1
+                            try:
+                                run = run_one(spark, kind, bases[kind], workdir / f"trial-{trial_no}", changes, m, n)
+                            except Exception as error:  # noqa: BLE001
+                                message = f"N={n} M={m} {mix} {kind} round {r + 1}: {type(error).__name__}: {str(error)[:500]}"
+                                print(f"ERROR {message}", flush=True)
+                                results["errors"].append(message)
+                                continue
+                            run.update({"n": n, "m": m, "mix": mix, "round": r + 1})
+                            results["runs"].append(run)
+                            metrics = run["delta"]["metrics"]
+                            extra = ""
+                            if kind == "merge" and not run["write"].startswith("MERGE"):
+                                extra = f"; {run['write']}: {metrics.get('numFiles', '?')} files added"
+                            elif kind == "merge":
+                                extra = (
+                                    f"; {run['write']}: {metrics.get('numTargetFilesAdded', '?')} files added,"
+                                    f" {metrics.get('numTargetDeletionVectorsAdded', '?')} deletion vectors,"
+                                    f" executionTimeMs {metrics.get('executionTimeMs', '?')}"
+                                )
+                            print(
+                                f"[N={fmt_count(n)} M={fmt_count(m)} {mix}] round {r + 1} {kind:8}: plan"
+                                f" {run['plan_s']:.2f} s + write {run['write_s']:.2f} s = {run['total_s']:.2f} s"
+                                f" {'(verified)' if run['verified'] else '(NOT VERIFIED)'}{extra}",
+                                flush=True,
                             )
-                        print(
-                            f"[N={fmt_count(n)} M={fmt_count(m)}] round {r + 1} {kind:6}: plan {run['plan_s']:.2f} s"
-                            f" + write {run['write_s']:.2f} s = {run['total_s']:.2f} s"
-                            f" {'(verified)' if run['verified'] else '(NOT VERIFIED)'}{extra}",
-                            flush=True,
-                        )
-                del changes
+                    del changes
     finally:
         spark.stop()
         if not args.keep and not args.workdir:
@@ -454,64 +520,78 @@ def main() -> int:
     results.update(load_before=load_before, load_after=load_after, code_start=code_start, code_end=code_end)
 
     # -- summary --
-    def series(n: int, m: int, kind: str, field: str = "total_s") -> list[float]:
-        return [r[field] for r in results["runs"] if r["n"] == n and r["m"] == m and r["kind"] == kind]
+    def series(n: int, m: int, mix: str, kind: str, field: str = "total_s") -> list[Any]:
+        return [r[field] for r in results["runs"] if (r["n"], r["m"], r["mix"], r["kind"]) == (n, m, mix, kind)]
+
+    def paired(n: int, m: int, mix: str, kind: str) -> list[float]:
+        """``kind`` / append of the same round (back to back on copies of the same base table)."""
+        rounds = sorted({r["round"] for r in results["runs"] if (r["n"], r["m"], r["mix"]) == (n, m, mix)})
+        out = []
+        for number in rounds:
+            mine = [
+                r["total_s"]
+                for r in results["runs"]
+                if (r["n"], r["m"], r["mix"], r["kind"], r["round"]) == (n, m, mix, kind, number)
+            ]
+            base = [
+                r["total_s"]
+                for r in results["runs"]
+                if (r["n"], r["m"], r["mix"], r["kind"], r["round"]) == (n, m, mix, "append", number)
+            ]
+            out += [a / b for a in mine for b in base]
+        return out
 
     summary = []
     for n, m in pairs:
-        merge, append = series(n, m, "merge"), series(n, m, "append")
-        if not merge or not append:
-            summary.append({"n": n, "m": m, "missing": True})
-            continue
-        entry = {
-            "n": n,
-            "m": m,
-            "rounds": min(len(merge), len(append)),
-            "append_s": statistics.median(append),
-            "merge_s": statistics.median(merge),
-            "merge_plan_s": statistics.median(series(n, m, "merge", "plan_s")),
-            "merge_write_s": statistics.median(series(n, m, "merge", "write_s")),
-            "append_write_s": statistics.median(series(n, m, "append", "write_s")),
-        }
-        entry["ratio"] = entry["merge_s"] / entry["append_s"]
-        # merge / append of the same round (both ran back to back on the same base table)
-        paired = [
-            mm / aa
-            for r in sorted({r["round"] for r in results["runs"] if r["n"] == n and r["m"] == m})
-            for mm in [
-                x["total_s"] for x in results["runs"] if (x["n"], x["m"], x["kind"], x["round"]) == (n, m, "merge", r)
-            ]
-            for aa in [
-                x["total_s"] for x in results["runs"] if (x["n"], x["m"], x["kind"], x["round"]) == (n, m, "append", r)
-            ]
-        ]
-        entry["ratio_per_round"] = paired
-        entry["ratio_paired_median"] = statistics.median(paired) if paired else None
-        entry["ratio_write_only"] = entry["merge_write_s"] / entry["append_write_s"]
-        entry["merge_changes_per_s"] = n / entry["merge_s"]
-        summary.append(entry)
+        for mix in mixes:
+            merge, append, peer = (series(n, m, mix, kind) for kind in ("merge", "append", "delta-rs"))
+            if not merge or not append:
+                summary.append({"n": n, "m": m, "mix": mix, "missing": True})
+                continue
+            entry: dict[str, Any] = {
+                "n": n,
+                "m": m,
+                "mix": mix,
+                "rounds": min(len(merge), len(append)),
+                "write": sorted(set(series(n, m, mix, "merge", "write"))),
+                "append_s": statistics.median(append),
+                "merge_s": statistics.median(merge),
+                "merge_plan_s": statistics.median(series(n, m, mix, "merge", "plan_s")),
+                "peer_s": statistics.median(peer) if peer else None,
+            }
+            entry["ratio"] = entry["merge_s"] / entry["append_s"]
+            entry["ratio_per_round"] = paired(n, m, mix, "merge")
+            entry["peer_ratio"] = entry["peer_s"] / entry["append_s"] if peer else None
+            entry["merge_changes_per_s"] = n / entry["merge_s"]
+            summary.append(entry)
     results["summary"] = summary
 
     print()
-    print(f"MERGE of N changes (80% update, 10% insert, 10% delete) vs append of N rows; medians; Spark {args.master}")
+    print(
+        f"N changes into M rows: the project's write, Spark's append of N rows, delta-rs's merge; medians; Spark {args.master}"
+    )
     rows = []
     for e in summary:
         if e.get("missing"):
-            rows.append([fmt_count(e["n"]), fmt_count(e["m"]), "-", "-", "-", "-", "-", "failed / not run"])
+            rows.append(
+                [fmt_count(e["n"]), fmt_count(e["m"]), e["mix"], "-", "-", "-", "-", "-", "-", "failed / not run"]
+            )
             continue
         per_round = e["ratio_per_round"]
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}" if len(per_round) > 1 else "-"
+        peer = "-" if e["peer_s"] is None else f"{e['peer_s']:.2f} ({e['peer_ratio']:.2f} x)"
         rows.append(
             [
                 fmt_count(e["n"]),
                 fmt_count(e["m"]),
+                e["mix"],
+                " / ".join(e["write"]),
                 e["rounds"],
                 f"{e['append_s']:.2f}",
                 f"{e['merge_s']:.2f}",
-                f"{e['merge_plan_s']:.2f}",
                 f"{e['ratio']:.2f}",
                 spread,
-                f"{e['merge_changes_per_s']:,.0f}",
+                peer,
             ]
         )
     print(
@@ -519,20 +599,21 @@ def main() -> int:
             [
                 "N",
                 "M",
+                "mix",
+                "written as",
                 "rounds",
                 "append s",
-                "merge s",
-                "(of which plan s)",
-                "merge/append",
+                "write s",
+                "write/append",
                 "per round",
-                "merge changes/s",
+                "delta-rs s (/append)",
             ],
             rows,
         )
     )
 
     growth = []
-    done = {(e["n"], e["m"]): e for e in summary if not e.get("missing")}
+    done = {(e["n"], e["m"]): e for e in summary if not e.get("missing") and e["mix"] == "mixed"}
     for n in sorted({n for n, _ in pairs}):
         have = sorted(m for (nn, m) in done if nn == n)
         for small, big in itertools.pairwise(have):
@@ -583,7 +664,7 @@ def main() -> int:
         if len(key["ratio_per_round"]) > 1:
             print(
                 f"  same-round ratios: {', '.join(f'{r:.2f}' for r in key['ratio_per_round'])}"
-                f" (median {key['ratio_paired_median']:.2f})"
+                f" (median {statistics.median(key['ratio_per_round']):.2f})"
             )
     else:
         print("\nacceptance: the pair N=100k, M=1M was not measured")

@@ -42,8 +42,13 @@ class Bucket:
         return {KEY_ID_VARIABLE: storage.access_key_id or "", SECRET_VARIABLE: storage.secret_access_key or ""}
 
     def configure(self, session: Any) -> None:
-        """Point a Spark session (of the test run's application, which has the s3a jars) at the
-        server: Hadoop's s3a settings as the session's SQL settings, which Delta's file system
-        access takes in (a real deployment gives them at start: ``cdc_assets.apply.session``)."""
+        """Point the test run's Spark application (which has the s3a jars) at the server: Hadoop's
+        s3a settings in its Hadoop configuration, where a real deployment's ``spark.hadoop.*``
+        settings land at start (``cdc_assets.apply.session``) and where every reader of a path
+        looks — Delta's catalog too, whose CREATE TABLE … AS SELECT ignores the session's SQL
+        settings — and as the session's SQL settings, which a session's own file system access
+        takes in."""
+        hadoop = session.sparkContext._jsc.hadoopConfiguration()
         for key, value in self.storage.hadoop_settings().items():
+            hadoop.set(key, value)
             session.conf.set(key, value)

@@ -147,6 +147,7 @@ def _copy_settings(source: SparkSession, target: SparkSession) -> None:
 
 
 SESSION_SETTING_PREFIXES = ("spark.sql.", "spark.databricks.")
+_CONNECT_SESSIONS: dict[str, SparkSession] = {}  # this process's session per Spark Connect server
 
 
 def _remote_builder(config: SparkConfig) -> SparkSession.Builder:
@@ -182,7 +183,11 @@ def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSes
     """The session for ``config`` (an existing active one with the same master is reused)."""
     if config.remote:
         _require_connect_client()
-        return _remote_builder(config).appName(app_name).getOrCreate()
+        # not getOrCreate: pyspark refuses a remote session in a process that has a classic one
+        session = _CONNECT_SESSIONS.get(config.remote)
+        if session is None or getattr(session, "is_stopped", False):  # a Connect session property
+            session = _CONNECT_SESSIONS[config.remote] = _remote_builder(config).appName(app_name).create()
+        return session
     builder = SparkSession.builder.master(config.master or "local[2]")
     for key, value in session_settings(config, app_name).items():
         builder = builder.config(key, value)

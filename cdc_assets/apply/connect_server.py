@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
@@ -47,7 +47,6 @@ class ConnectServer:
     port: int = DEFAULT_PORT
     master: str = "local[*]"
     log: Path | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -100,7 +99,6 @@ def _run(server: ConnectServer, properties: Path, ready: Callable[[str], None], 
             server.command(properties),
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **server.extra_env},
             start_new_session=True,  # a Ctrl-C reaches this process only, which stops the server in order
         )
         try:

@@ -112,18 +112,18 @@ def write_plan(
     if plan.truncate:
         rows = _rows_to_add(plan, source, filtered)
         if not existed:  # created with its rows: one commit
-            inserted = _write_rows(
-                target, f"CREATE TABLE {target.sql_name} {target.create_clause()} AS", rows, names, lsn
-            )
+            create = f"CREATE TABLE {target.sql_name} {target.create_clause()} AS"
+            inserted = _write_rows(target, None, create, rows, names, lsn)
             return MergeCounts(inserted or 0, write="create")
         deleted = target.read().count()
         idempotent = not rebuild or (target.applied_lsn() or -1) < lsn
         into = f"INSERT OVERWRITE {target.sql_name} ({names})"
-        inserted = _write_rows(target, into, rows, names, lsn, idempotent)
+        inserted = _write_rows(target, target.version(), into, rows, names, lsn, idempotent)
         return MergeCounts() if inserted is None else MergeCounts(inserted, 0, deleted, "overwrite")
     if plan.mode == "append" or plan.shape == "appends":
         rows = _rows_to_add(plan, source, filtered)
-        inserted = _write_rows(target, f"INSERT INTO {target.sql_name} ({names})", rows, names, lsn)
+        into = f"INSERT INTO {target.sql_name} ({names})"
+        inserted = _write_rows(target, target.version(), into, rows, names, lsn)
         return MergeCounts() if inserted is None else MergeCounts(inserted, write="append")
     if plan.mode == "multiset":
         return _merge_multiset(target, plan, source, table_columns, lsn, filtered)
@@ -154,15 +154,20 @@ def _rows_to_add(plan: ChangePlan, source: DataFrame, filtered: bool) -> DataFra
 
 
 def _write_rows(
-    target: DeltaTarget, into: str, rows: DataFrame, names: str, lsn: int, idempotent: bool = True
+    target: DeltaTarget,
+    before: int | None,
+    into: str,
+    rows: DataFrame,
+    names: str,
+    lsn: int,
+    idempotent: bool = True,
 ) -> int | None:
     """``<into> SELECT <names>`` of ``rows`` (``INSERT INTO``, ``INSERT OVERWRITE``, ``CREATE TABLE
-    … AS``); the rows written (None: Delta skipped the commit, the table holds ``lsn`` already)."""
-    before = target.version() if target.exists() else None
+    … AS``) on the table at version ``before`` (None: no table yet); the rows written (None: Delta
+    skipped the commit, the table holds ``lsn`` already)."""
     target.commit(lambda view: f"{into} SELECT {names} FROM {_q(view)}", rows, lsn, idempotent=idempotent)
-    if target.version() == before:
-        return None
-    return target.last_commit_metrics().get("numOutputRows", 0)
+    version, metrics = target.last_commit()
+    return None if version == before else metrics.get("numOutputRows", 0)
 
 
 def _values(columns: list[str]) -> tuple[str, str, str]:

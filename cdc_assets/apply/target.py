@@ -120,10 +120,12 @@ class DeltaTarget:
     def version(self) -> int:
         return self._table().version()
 
-    def last_commit_metrics(self) -> dict[str, int]:
-        """The operation metrics Delta recorded for the table's latest commit."""
-        metrics = self._table().history(1)[0].get("operationMetrics") or {}
-        return {name: int(value) for name, value in metrics.items()}
+    def last_commit(self) -> tuple[int, dict[str, int]]:
+        """The table's version and the operation metrics Delta recorded for its latest commit (one
+        read of the log)."""
+        table = self._table()
+        metrics = table.history(1)[0].get("operationMetrics") or {}
+        return table.version(), {name: int(value) for name, value in metrics.items()}
 
     def _table(self) -> RustDeltaTable:
         table = _open(self.path, self.storage_options)
@@ -187,8 +189,9 @@ class DeltaTarget:
         idempotent: bool = True,
     ) -> dict[str, int]:
         """Run ``statement(view)`` — Delta SQL on this table (:attr:`sql_name`) reading ``source``
-        as the temporary view ``view`` — as one commit recording ``lsn`` as the table's applied LSN. Delta skips it if the table already holds ``lsn`` or later. Returns
-        the statement's result row (a MERGE's counts; empty for an INSERT or a skipped commit).
+        as the temporary view ``view`` — as one commit recording ``lsn`` as the table's applied
+        LSN. Delta skips it if the table already holds ``lsn`` or later. Returns the statement's
+        result row (a MERGE's counts; empty for an INSERT or a skipped commit).
 
         ``idempotent=False`` (a rebuild at the LSN the table already holds) writes without the
         idempotency marker: the table's recorded version stays ``lsn``.

@@ -151,6 +151,13 @@ CHANGELOG_RETENTION_HOURS = 168
 """How long the change log keeps a table's segments after every reader has applied them
 (``changelog.retention_hours``; docs/architecture.md, "Change-log retention")."""
 
+FOLD_MIN_SHARE = 0.25
+"""Retention writes a table's new compacted base (a rewrite of the whole table) only once the
+segments it would fold hold this share of the current copy's bytes (``changelog.fold_min_share``;
+0: at every drain) ..."""
+FOLD_MAX_SEGMENTS = 200
+"""... or number this many (``changelog.fold_max_segments``), which bounds what a read lists."""
+
 
 @dataclass(slots=True, frozen=True)
 class Config:
@@ -165,6 +172,8 @@ class Config:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     changelog_retention_hours: float = CHANGELOG_RETENTION_HOURS
+    changelog_fold_min_share: float = FOLD_MIN_SHARE
+    changelog_fold_max_segments: int = FOLD_MAX_SEGMENTS
     path: Path | None = None
 
     def table(self, name: str | TableName) -> TableConfig:
@@ -240,7 +249,9 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
             snapshot_workers=source.positive("snapshot_workers", os.cpu_count() or 1),
         ),
         changelog_path=_location(changelog.text("path"), base),
-        changelog_retention_hours=changelog.hours("retention_hours", CHANGELOG_RETENTION_HOURS),
+        changelog_retention_hours=changelog.number("retention_hours", CHANGELOG_RETENTION_HOURS, "a number of hours"),
+        changelog_fold_min_share=changelog.number("fold_min_share", FOLD_MIN_SHARE),
+        changelog_fold_max_segments=changelog.positive("fold_max_segments", FOLD_MAX_SEGMENTS),
         warehouse_path=warehouse_path,
         warehouse_table_properties=warehouse.settings("table_properties"),
         warehouse_storage_options=warehouse.settings("storage_options"),
@@ -349,11 +360,11 @@ class _Reader:
             raise self.fail(key, f"expected 0 (off) or a positive integer, got {value!r}")
         return value
 
-    def hours(self, key: str, default: float) -> float:
-        """A duration in hours: a number ≥ 0 (fractions allowed)."""
+    def number(self, key: str, default: float, what: str = "a number") -> float:
+        """A number ≥ 0, fractions allowed (``what`` names it in the error: "a number of hours")."""
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-            raise self.fail(key, f"expected a number of hours, 0 or more, got {value!r}")
+            raise self.fail(key, f"expected {what}, 0 or more, got {value!r}")
         return float(value)
 
     def settings(self, key: str) -> dict[str, str]:

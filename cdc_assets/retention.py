@@ -8,7 +8,9 @@ point of the copy it will start from. Whole batches of its segments, in log orde
 while each holds only changes at or below that LSN and committed before the retention's cutoff;
 the first batch that is younger stops it, and the first that is old but still needed *holds* the
 rest (:func:`table_hold`, for ``status``). When the table's latest copy does not already hold the
-folded changes, they are first folded into a new compacted base (:mod:`cdc_assets.compacted_base`).
+folded changes, they are first folded into a new compacted base (:mod:`cdc_assets.compacted_base`)
+— a rewrite of the whole table, so only once they are worth it (:func:`_worth_a_base`); until then
+they stay, readable as before, and are not reported as held.
 
 Crash safety — the order is always: the base (complete once its own checkpoint is written), then
 the log's checkpoint naming it, then the deletions. A kill before the checkpoint leaves an unused
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, write_checkpoint
-from cdc_assets.changelog.layout import CHECKPOINT, MESSAGES, TRANSACTIONS, SegmentName, table_folder
+from cdc_assets.changelog.layout import CHECKPOINT, COPY_BATCH, MESSAGES, TRANSACTIONS, SegmentName, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader, Segment
 from cdc_assets.changelog.segment_stats import SegmentStats, segment_stats
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef, is_base, run_consistent_point, run_store, runs_folder
@@ -172,9 +174,11 @@ def _fold_table(
     commit_time = max([s.max_commit_time_us or 0 for s in fold] + [state.folded.commit_time_us if state.folded else 0])
     if run is not None and lsn <= run.consistent_point:
         copy = run  # the folded changes are in it already
-    elif run is None and _batch_start(fold[0]) != 0:
+    elif run is None and _batch_start(fold[0]) != COPY_BATCH:
         outcome.skipped = "no copy of the table to fold into (its initial snapshot is not in the log)"
         return outcome, checkpoint
+    elif not _worth_a_base(config, reader, name, state, fold):
+        return outcome, checkpoint  # later, with more of them
     else:
         chunks = list(reader.read_table(name, state, upto=lsn))
         outcome.base = write_base(reader.store, checkpoint.slot, name, chunks, lsn, commit_time, table.truncate)
@@ -193,6 +197,23 @@ def _fold_table(
     _remove_superseded_copies(reader.store, name, copy)
     outcome.folded_lsn = folded.lsn
     return outcome, checkpoint
+
+
+def _worth_a_base(
+    config: Config, reader: ChangeLogReader, table: str, state: TableState, fold: list[SegmentStats]
+) -> bool:
+    """Whether the changes retention could fold are enough to rewrite the table's base for: a
+    share ``changelog.fold_min_share`` of its current copy's bytes, or ``fold_max_segments``
+    segments. Folding at every drain would rewrite the whole table every drain."""
+    changes = [s for s in fold if _batch_start(s) != COPY_BATCH]
+    if len(changes) >= config.changelog_fold_max_segments:
+        return True
+    run = state.snapshot_run
+    if run is None:  # the initial snapshot: the table folder's copy batch
+        copy_bytes = sum(s.bytes for s in fold if _batch_start(s) == COPY_BATCH)
+    else:
+        copy_bytes = run_store(reader.store, table, run.run).total_bytes()
+    return sum(s.bytes for s in changes) >= config.changelog_fold_min_share * copy_bytes
 
 
 def _remove_superseded_copies(store: LogStore, table: str, current: SnapshotRunRef) -> None:

@@ -4,8 +4,8 @@ time; then one sync to completion, and every Delta table must equal its source a
 checkpoint as its applied LSN, and so must every table rebuilt from the compacted change log
 (docs/architecture.md, "Invariants", requires ≥ 20 kill points, 0 mismatches, both readers agree).
 
-* Retention and maintenance: ``changelog.retention_hours: 0`` folds every segment all tables have
-  applied into the tables' compacted bases at the end of each drain, and the maintenance
+* Retention and maintenance: ``changelog.retention_hours: 0`` with ``fold_min_share: 0`` folds every
+  segment all tables have applied into the tables' compacted bases at the end of each drain, and the maintenance
   thresholds (``compact_min_files: 2``, ``purge_min_deletion_vectors: 1``) make OPTIMIZE and the
   deletion-vector purge due after almost every merge; VACUUM runs each time (it deletes nothing:
   Delta's retention check keeps files a week).
@@ -106,7 +106,7 @@ def write_crash_config(folder: Path, tables: list[str]) -> Path:
         folder,
         source,
         tables,
-        changelog={"path": "./changelog", "retention_hours": 0},
+        changelog={"path": "./changelog", "retention_hours": 0, "fold_min_share": 0},
         warehouse={"path": "./warehouse", "maintenance": MAINTENANCE},
         spark={"master": "local[2]", "conf": SPARK_CONF},
     )

@@ -136,6 +136,28 @@ def test_changelog_retention_default_and_setting() -> None:
     assert parse(text, CDC_SOURCE_DSN="x").changelog_retention_hours == 0.5
 
 
+def test_changelog_fold_policy_default_and_setting() -> None:
+    defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x")
+    assert (defaults.changelog_fold_min_share, defaults.changelog_fold_max_segments) == (0.25, 200)
+    settings = "  path: ./data/changelog\n  fold_min_share: 0\n  fold_max_segments: 50"
+    config = parse(EXAMPLE.replace("  path: ./data/changelog", settings), CDC_SOURCE_DSN="x")
+    assert (config.changelog_fold_min_share, config.changelog_fold_max_segments) == (0.0, 50)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("fold_min_share: -0.5", r"changelog.fold_min_share: expected a number, 0 or more, got -0.5"),
+        ("fold_min_share: a quarter", r"changelog.fold_min_share: expected a number, 0 or more, got 'a quarter'"),
+        ("fold_max_segments: 0", r"changelog.fold_max_segments: expected a positive integer, got 0"),
+    ],
+)
+def test_changelog_fold_policy_mistakes_are_refused(setting: str, message: str) -> None:
+    text = EXAMPLE.replace("  path: ./data/changelog", f"  path: ./data/changelog\n  {setting}")
+    with pytest.raises(ConfigError, match=message):
+        parse(text, CDC_SOURCE_DSN="x")
+
+
 @pytest.mark.parametrize("value", ["-1", "a week", "true", ".nan", ".inf"])
 def test_changelog_retention_mistakes_are_refused(value: str) -> None:
     text = EXAMPLE.replace("  path: ./data/changelog", f"  path: ./data/changelog\n  retention_hours: {value}")

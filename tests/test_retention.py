@@ -4,7 +4,8 @@ has applied are folded into a compacted base and deleted, and the log still repl
 behind keeps its segments, ``status`` says how much it holds, and it catches up exactly; a drain
 killed between writing the base and deleting the segments leaves a correct log.
 
-``changelog.retention_hours: 0`` makes every applied segment old enough, so nothing waits for time.
+``changelog.retention_hours: 0`` makes every applied segment old enough, so nothing waits for time,
+and ``fold_min_share: 0`` writes a base whenever changes are folded (one test sets the fold policy).
 Without Spark, a table's applied LSN is written into its Delta log by delta-rs (the idempotent-write
 marker the apply records, on a Delta table of no rows): retention reads nothing else of it. The one
 test of real merges (a held table catching up, a rebuild from a base) uses Spark and is slow."""
@@ -94,7 +95,7 @@ def bases(pipe: Pipeline, table: str) -> list[str]:
 
 
 def retained(pg: Database, tmp_path: Path, tables: list[str]) -> Pipeline:
-    return Pipeline(pg, tmp_path, tables, changelog_settings={"retention_hours": 0})
+    return Pipeline(pg, tmp_path, tables, changelog_settings={"retention_hours": 0, "fold_min_share": 0})
 
 
 def kinds_drained(pg: Database, tmp_path: Path) -> Pipeline:
@@ -143,7 +144,7 @@ def test_only_changes_older_than_the_retention_go_and_their_days_report_gone(pg:
     """Commit times days in the past (a replication origin's, as a subscriber replays them), a
     retention of one day: the old batches are folded, today's stay, and so does their history."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    pipe = Pipeline(pg, tmp_path, ["public.t"], changelog_settings={"retention_hours": 24})
+    pipe = Pipeline(pg, tmp_path, ["public.t"], changelog_settings={"retention_hours": 24, "fold_min_share": 0})
     pipe.setup()
     now = datetime.now(UTC)
     old_day = (now - timedelta(days=3)).date()
@@ -203,6 +204,49 @@ def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database
     assert {t.table: t.removed_segments for t in result.retention.tables}["public.b"] == 3  # type: ignore[union-attr]
     assert segments(pipe, "public.b") != held
     assert read_status(pipe.config()).tables[1].held.segments == 1  # type: ignore[union-attr]  # the batch not applied
+    pipe.assert_mirrors()
+
+
+def test_a_base_is_rewritten_only_once_the_changes_are_worth_it(pg: Database, tmp_path: Path) -> None:
+    """``changelog.fold_min_share`` / ``fold_max_segments``: small batches past the retention stay
+    (readable, not held) until they number ``fold_max_segments`` or their bytes reach the share of
+    the table's copy; then one base takes them all."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    random_2k = "(SELECT string_agg(md5(g.i || '.' || h.j || random()), '') FROM generate_series(1, 64) AS h(j))"
+    pg.execute(f"INSERT INTO t SELECT g.i, {random_2k} FROM generate_series(1, 100) AS g(i)")
+    settings = {"retention_hours": 0, "fold_min_share": 0.5, "fold_max_segments": 3}
+    pipe = Pipeline(pg, tmp_path, ["public.t"], changelog_settings=settings)
+    pipe.setup()
+
+    def drained(statement: str) -> Any:
+        """``statement``'s batch drained (retention folds up to the previous one) and marked applied."""
+        pg.execute(statement)
+        result = pipe.drain(wait=True)
+        mark_applied(pipe, "public.t", checkpoint_lsn(pipe))
+        assert result.retention is not None
+        (outcome,) = result.retention.tables
+        return outcome
+
+    kept = segments(pipe, "public.t")  # the copy
+    for round_ in (1, 2, 3):  # the copy and up to two small batches: not worth a base
+        outcome = drained(f"UPDATE t SET id = id + 100 WHERE id = {round_}")
+        assert (outcome.removed_segments, outcome.base, outcome.skipped) == (0, None, None)
+        assert segments(pipe, "public.t")[: len(kept)] == kept
+        kept = segments(pipe, "public.t")
+        assert read_status(pipe.config()).tables[0].held is None
+        pipe.assert_mirrors()
+    assert bases(pipe, "public.t") == []
+
+    outcome = drained("DELETE FROM t WHERE id = 4")  # a third small batch: fold_max_segments
+    assert outcome.removed_segments == len(kept) and outcome.base is not None
+    assert bases(pipe, "public.t") == [outcome.base]
+    pipe.assert_mirrors()
+
+    outcome = drained("UPDATE t SET v = reverse(v)")  # the previous small batch alone: kept
+    assert (outcome.removed_segments, outcome.base) == (0, None)
+    outcome = drained("DELETE FROM t WHERE id = 5")  # with the whole table rewritten: > half the base
+    assert outcome.removed_segments == 2 and outcome.base is not None
+    assert bases(pipe, "public.t") == [outcome.base]
     pipe.assert_mirrors()
 
 
@@ -291,7 +335,7 @@ def test_a_held_table_catches_up_exactly_and_a_rebuild_starts_from_the_base(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:
     tables = {"public.a": {}, "public.b": {}}
-    mirror = Mirror(pg, tmp_path / "mirror", tables, spark, changelog={"retention_hours": 0})
+    mirror = Mirror(pg, tmp_path / "mirror", tables, spark, changelog={"retention_hours": 0, "fold_min_share": 0})
     mirror.sql(
         "CREATE TABLE a (id int PRIMARY KEY, v text)",
         "CREATE TABLE b (id int PRIMARY KEY, v text)",

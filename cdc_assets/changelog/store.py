@@ -60,6 +60,13 @@ class LogStore:
         with self._reaching():
             return bucket if self.fs.get_file_info(bucket).type == pafs.FileType.NotFound else None
 
+    def total_bytes(self) -> int:
+        """The bytes of every file under the root."""
+        selector = pafs.FileSelector(self.path(""), allow_not_found=True, recursive=True)
+        with self._reaching():
+            infos = self.fs.get_file_info(selector)
+        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+
     def list(self, folder: str) -> list[str]:
         """Names of the files directly inside ``folder`` (relative to the root), sorted."""
         return self._entries(folder, pafs.FileType.File)

@@ -117,12 +117,14 @@ class ScheduleConfig:
     """Dagster automation: when the drain runs and how much lag the asset check tolerates.
 
     ``drain_lag_bytes``: besides the cron, a sensor requests a drain whenever the slot is at least
-    this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``."""
+    this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``;
+    each table's merge sensor looks every ``merge_check_seconds``."""
 
     drain_cron: str = "*/5 * * * *"
     max_lag_bytes: int = 1 << 30
     drain_lag_bytes: int | None = None
     drain_check_seconds: int = 30
+    merge_check_seconds: int = 30
 
 
 DELTA_MIN_RETENTION_HOURS = 168
@@ -475,6 +477,7 @@ class _Reader:
             max_lag_bytes=schedule.positive("max_lag_bytes", 1 << 30),
             drain_lag_bytes=None if lag is None else schedule.positive("drain_lag_bytes", 1),
             drain_check_seconds=schedule.positive("drain_check_seconds", 30),
+            merge_check_seconds=schedule.positive("merge_check_seconds", 30),
         )
         schedule.done()
         return result

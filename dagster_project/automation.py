@@ -89,7 +89,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
     @dg.sensor(
         name=f"cdc_merge__{table_slug(table)}",
         target=merge,
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",
     )

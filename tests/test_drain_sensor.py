@@ -34,7 +34,7 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
     monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
     create_source(pg, folder, slot=SLOT)
     document = yaml.safe_load((folder / "cdc.yaml").read_text())
-    document["schedule"] = {"drain_lag_bytes": LAG_BYTES, "drain_check_seconds": 10}
+    document["schedule"] = {"drain_lag_bytes": LAG_BYTES, "drain_check_seconds": 10, "merge_check_seconds": 5}
     # a drain's logical message moves the slot past WAL that holds no published change (the
     # scratch table's rows below), which would otherwise keep the lag up drain after drain
     document["source"]["heartbeat"] = True
@@ -43,6 +43,8 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
     with dg.instance_for_test() as instance:
         sensor, quiet = tick(defs, instance)
         assert sensor.minimum_interval_seconds == 10
+        merges = [s for s in defs.sensors if s.name.startswith("cdc_merge__")]
+        assert merges and {s.minimum_interval_seconds for s in merges} == {5}
         assert not quiet.run_requests and "bytes behind (a drain from 200,000)" in (quiet.skip_message or ""), quiet
 
         pg.execute("INSERT INTO public.scratch SELECT generate_series(1, 20000)")  # WAL the slot has not read

@@ -10,10 +10,14 @@ names it, so each range is requested once.
 The drain sensor reads one row of ``pg_replication_slots`` and asks for a drain when the slot is
 ``drain_lag_bytes`` behind and no drain of the slot is queued or running (drain runs carry the
 ``cdc/drain`` tag): the drain then follows the writes instead of the clock.
+
+Each launches a job of its own (:func:`automation_job`) whose steps run in the run's process: the
+default multiprocess executor would start one more Python process per step before any work.
 """
 
 import dagster as dg
 from dagster import SensorEvaluationContext
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
@@ -34,25 +38,37 @@ IN_FLIGHT = [
 ]
 
 
-def build_drain_schedule(settings: Settings, changelog: dg.AssetsDefinition) -> dg.ScheduleDefinition:
+def automation_job(
+    name: str, selection: dg.AssetSelection | list[dg.AssetsDefinition], tags: dict[str, str] | None = None
+) -> UnresolvedAssetJobDefinition:
+    """A job that a schedule or sensor launches, executed in the run's own process (one step at a
+    time; these jobs have one asset each)."""
+    return dg.define_asset_job(name, selection=selection, executor_def=dg.in_process_executor, tags=tags)
+
+
+def build_drain_job(settings: Settings, changelog: dg.AssetsDefinition) -> UnresolvedAssetJobDefinition:
+    """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``."""
+    return automation_job("cdc_drain", [changelog], tags={DRAIN_TAG: settings.config.source.slot})
+
+
+def build_drain_schedule(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
     return dg.ScheduleDefinition(
         name="cdc_drain_schedule",
         cron_schedule=settings.config.schedule.drain_cron,
-        target=[changelog],
-        tags={DRAIN_TAG: settings.config.source.slot},
+        target=job,
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description="Drains the replication slot into the change log.",
     )
 
 
-def build_drain_sensor(settings: Settings, changelog: dg.AssetsDefinition, lag_bytes: int) -> dg.SensorDefinition:
+def build_drain_sensor(settings: Settings, job: UnresolvedAssetJobDefinition, lag_bytes: int) -> dg.SensorDefinition:
     schedule = settings.config.schedule
     slot = settings.config.source.slot
 
     @dg.sensor(
         name="cdc_drain_on_lag",
-        target=[changelog],
+        target=job,
         minimum_interval_seconds=schedule.drain_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Requests a drain when slot {slot} is {lag_bytes:,} WAL bytes behind or more.",
@@ -67,9 +83,7 @@ def build_drain_sensor(settings: Settings, changelog: dg.AssetsDefinition, lag_b
         lag = state.lag_bytes or 0
         if lag < lag_bytes:
             return dg.SkipReason(f"slot {slot} is {lag:,} bytes behind (a drain from {lag_bytes:,})")
-        return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=f"drain@{state.current_wal_lsn}", tags={DRAIN_TAG: slot})]
-        )
+        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"drain@{state.current_wal_lsn}")])
 
     return drain_sensor
 
@@ -88,7 +102,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
 
     @dg.sensor(
         name=f"cdc_merge__{table_slug(table)}",
-        target=merge,
+        target=automation_job(f"cdc_merge__{table_slug(table)}", merge, tags={"cdc/table": table_slug(table)}),
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",
@@ -105,7 +119,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         if checkpoint.lsn <= requested:
             return dg.SkipReason(f"a merge up to {format_lsn(requested)} was already requested")
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=f"{name}@{checkpoint.lsn}", tags={"cdc/table": table_slug(table)})],
+            run_requests=[dg.RunRequest(run_key=f"{name}@{checkpoint.lsn}")],
             cursor=str(checkpoint.lsn),
         )
 

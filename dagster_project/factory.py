@@ -14,7 +14,7 @@ from dagster_project.assets import (
     build_rebuild_asset,
     build_snapshot_asset,
 )
-from dagster_project.automation import build_drain_schedule, build_drain_sensor, build_table_sensor
+from dagster_project.automation import build_drain_job, build_drain_schedule, build_drain_sensor, build_table_sensor
 from dagster_project.checks import build_lag_check, build_parity_check
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.resources import CdcSource, SparkResource
@@ -30,7 +30,8 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
     maintenance = {table.name: build_maintenance_asset(settings, table) for table in config.tables}
     lag = config.schedule.drain_lag_bytes
-    drain_sensors = [] if lag is None else [build_drain_sensor(settings, changelog, lag)]
+    drain = build_drain_job(settings, changelog)
+    drain_sensors = [] if lag is None else [build_drain_sensor(settings, drain, lag)]
     return dg.Definitions(
         assets=[
             changelog,
@@ -46,13 +47,14 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             for check in (build_parity_check(settings, table), build_lag_check(settings, table))
         ],
         schedules=[
-            build_drain_schedule(settings, changelog),
+            build_drain_schedule(settings, drain),
             *(build_maintenance_schedule(settings, table, maintenance[table.name]) for table in config.tables),
         ],
         sensors=[
             *drain_sensors,
             *(build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables),
         ],
+        executor=dg.multiprocess_executor.configured({"max_concurrent": config.spark.parallel_merges}),
         resources={
             "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),
             "spark": SparkResource(

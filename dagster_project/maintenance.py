@@ -15,6 +15,7 @@ from cdc_assets.apply.runner import delta_target
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from dagster_project.assets import mirror_key, table_pool, table_slug
+from dagster_project.automation import automation_job
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 
@@ -79,7 +80,7 @@ def build_maintenance_schedule(
     return dg.ScheduleDefinition(
         name=f"cdc_maintain__{table_slug(table)}",
         cron_schedule=settings.config.maintenance.cron,
-        target=[asset],
+        target=automation_job(f"cdc_maintain__{table_slug(table)}", [asset]),
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Maintains the Delta mirror of {table.name} (warehouse.maintenance).",

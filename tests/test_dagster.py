@@ -269,11 +269,12 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
     for table, tick in ticks.items():
         [request] = tick.run_requests
         assert request.run_key == f"{table}@{env.checkpoint_lsn()}"
-        assert request.tags["cdc/table"] == table.replace(".", "__")
         assert tick.cursor == str(env.checkpoint_lsn())
+        assert env.defs.resolve_job_def(tick.sensor.job_name).executor_def.name == "in_process"
     results = merge_requested(env, ticks)
     env.assert_mirrors()
     for table, result in results.items():
+        assert result.dagster_run.tags["cdc/table"] == table.replace(".", "__")  # the merge job's tag
         metadata = materialization(result, MIRROR_KEYS[table])
         assert metadata["applied_lsn"] == format_lsn(env.checkpoint_lsn()) == format_lsn(env.applied(table))
         assert metadata["dagster/row_count"] == metadata["inserted"] == len(env.source_rows(table))
@@ -598,6 +599,10 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
     for table in TABLES:
         slug = table.replace(".", "__")
         assert defs.resolve_assets_def(MIRROR_KEYS[table]).op.pool == f"cdc_table__{slug}"
+    # A run over several tables (launched from the UI) merges up to spark.parallel_merges at once.
+    executor = defs.resolve_implicit_global_asset_job_def().executor_def
+    assert executor.name == "multiprocess"
+    assert executor.config_schema.resolve_config({}).value["config"]["max_concurrent"] == config.spark.parallel_merges
     drain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_drain_schedule").job_name)
     merge_jobs = {
         t: defs.resolve_job_def(defs.resolve_sensor_def(f"cdc_merge__{t.replace('.', '__')}").job_name)

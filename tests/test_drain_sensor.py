@@ -50,11 +50,13 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
         pg.execute("INSERT INTO public.scratch SELECT generate_series(1, 20000)")  # WAL the slot has not read
         _, due = tick(defs, instance)
         [request] = due.run_requests
-        assert request.tags["cdc/drain"] == SLOT and request.run_key.startswith("drain@")
+        assert request.run_key.startswith("drain@")
+        # the drain's job: its runs carry the slot's tag, its step runs in the run's process
+        job = defs.resolve_job_def(sensor.job_name)
+        assert job.run_tags["cdc/drain"] == SLOT and job.executor_def.name == "in_process"
 
         # Requested again while that drain waits to start: nothing more.
-        job = defs.resolve_job_def(sensor.job_name)
-        queued = instance.create_run_for_job(job, tags=request.tags, status=dg.DagsterRunStatus.NOT_STARTED)
+        queued = instance.create_run_for_job(job, tags=job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED)
         _, waiting = tick(defs, instance)
         assert not waiting.run_requests and waiting.skip_message == f"a drain of slot {SLOT} is queued or running"
         instance.report_run_canceled(queued)
@@ -65,6 +67,5 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
         _, done = tick(defs, instance)
         assert not done.run_requests and "bytes behind" in (done.skip_message or ""), done.skip_message
 
-    # The schedule's drain runs carry the same tag, so the sensor waits for them too.
-    schedule = defs.resolve_schedule_def("cdc_drain_schedule")
-    assert schedule.tags == {"cdc/drain": SLOT}
+    # The schedule launches the same job, so the sensor waits for its drains too.
+    assert defs.resolve_schedule_def("cdc_drain_schedule").job_name == sensor.job_name == "cdc_drain"

@@ -47,7 +47,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CRON = "*/7 * * * *"  # not the default: the schedule the UI shows comes from the file
 SLOT = "cdc_ui_slot"  # slot names are per cluster: not the other Dagster tests' slot
 LOCATION = "dagster_project.definitions"
-DRAIN_JOB = "__anonymous_asset_job_cdc_drain_schedule"
+DRAIN_JOB = "cdc_drain"
 VIEWPORT = (1400, 900)
 ASSET_KEYS = ["cdc/changelog", "cdc/snapshot", "cdc/rebuild"] + [
     f"{kind}/{table.replace('.', '/')}" for kind in ("delta", "maintenance", "history") for table in TABLES

@@ -258,7 +258,7 @@ class ThreadRunLauncher(RunLauncher, ConfigurableClass):
     whose worker has not started) when its job is in :attr:`HOLD`. ``terminate`` cancels a held run.
 
     A run's job is loaded from the code location module, as a run worker loads it, so the
-    default multiprocess executor runs its steps in processes of their own.
+    job's own executor runs its steps (in the run's thread for the automation's jobs).
 
     Runs execute one at a time (:attr:`EXECUTING`): two runs in threads of one process deadlock
     in Dagster's log set-up (``logging.config.dictConfig`` takes the logging lock, then each

@@ -1,0 +1,309 @@
+"""Freshness under load: how far behind its source each Delta table is while ``dagster dev`` runs
+the pipeline as a user would configure it for low latency.
+
+    python benchmarks/freshness.py [--pg 16] [--rate 500] [--minutes 10] [--scale 10]
+                                   [--runtimes connect,local] [--warmup 60] [--out freshness-out]
+
+Per runtime, on a fresh server: ``pgbench -i`` (its three keyed tables: accounts, tellers,
+branches; its keyless history table is not published), ``cdc-assets setup`` and one ``apply`` (the
+initial copy, not measured), then ``dagster dev`` on the code location with
+
+* ``schedule.drain_lag_bytes: 1``, ``drain_check_seconds: 5``: the drain sensor asks for a drain
+  whenever the slot is behind and no drain is queued or running;
+* ``merge_check_seconds: 5``: each table's merge sensor looks every 5 seconds;
+* a queued run coordinator that dequeues every second, pools of one (one drain, one writer per
+  table), the default run launcher (a process per run);
+* ``connect``: ``spark.remote`` to a ``cdc-assets spark-server`` started first (a run opens a
+  session, no JVM start); ``local``: ``spark.master: local[2]`` (each run starts its own Spark).
+
+``pgbench -R <rate> -T <minutes>`` (TPC-B: every transaction changes all three tables) writes the
+load; every 10 s each table's **freshness** is sampled: now minus the source commit time of the
+newest transaction its Delta table has applied (its applied LSN, read from the Delta log with
+delta-rs, against the change log's transactions). Samples of the first ``--warmup`` seconds of
+the load are left out (the pipeline's first cycle under load); a later sample taken before a table
+applied any transaction of the load counts as the time since the load began. Reported per runtime and table:
+p50, p95 and max freshness; the rate pgbench reached; the runs Dagster ran and how long they took.
+
+Output: ``freshness.json`` and a table on standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _common as common
+
+from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.config import Config, load_config
+from cdc_sandbox.pgcluster import free_port
+
+TABLES = ("public.pgbench_accounts", "public.pgbench_tellers", "public.pgbench_branches")
+SLOT = "fresh_slot"
+SAMPLE_EVERY_S = 10.0
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass(slots=True)
+class Transactions:
+    """The change log's transactions seen so far: end LSNs and commit times, in log order."""
+
+    reader: ChangeLogReader
+    end_lsns: list[int] = field(default_factory=list)
+    commit_times_s: list[float] = field(default_factory=list)
+
+    def refresh(self) -> None:
+        """Take in the transactions drained since the last call."""
+        new = self.reader.transactions(after=self.end_lsns[-1] if self.end_lsns else -1)
+        if new.num_rows:
+            self.end_lsns += new.column("end_lsn").to_pylist()
+            self.commit_times_s += [t.timestamp() for t in new.column("commit_time").to_pylist()]
+
+    def commit_time_at(self, lsn: int) -> float | None:
+        """The commit time (s since 1970) of the newest transaction that ends at or before ``lsn``."""
+        found = _last_at_or_below(self.end_lsns, lsn)
+        return None if found is None else self.commit_times_s[found]
+
+
+def _last_at_or_below(values: list[int], limit: int) -> int | None:
+    low, high = 0, len(values)
+    while low < high:
+        middle = (low + high) // 2
+        if values[middle] <= limit:
+            low = middle + 1
+        else:
+            high = middle
+    return low - 1 if low else None
+
+
+def write_files(work: Path, dsn_variable: str, spark: dict[str, Any]) -> dict[str, str]:
+    """The cdc-assets configuration, the Dagster instance and workspace; the environment to run in."""
+    document = {
+        "source": {"dsn": "${" + dsn_variable + "}", "publication": "fresh_pub", "slot": SLOT, "heartbeat": True},
+        "changelog": {"path": "./changelog"},
+        "warehouse": {"path": "./warehouse"},
+        "spark": spark,
+        "schedule": {"drain_lag_bytes": 1, "drain_check_seconds": 5, "merge_check_seconds": 5},
+        "tables": {name: {} for name in TABLES},
+    }
+    (work / "cdc.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
+    home = work / "dagster_home"
+    home.mkdir()
+    instance = {
+        "run_coordinator": {
+            "module": "dagster._core.run_coordinator",
+            "class": "QueuedRunCoordinator",
+            "config": {"dequeue_interval_seconds": 1},
+        },
+        "concurrency": {"pools": {"default_limit": 1}},
+        "run_monitoring": {"enabled": True, "free_slots_after_run_end_seconds": 60},
+        "sensors": {"use_threads": True, "num_workers": 4},
+        "telemetry": {"enabled": False},
+    }
+    (home / "dagster.yaml").write_text(json.dumps(instance, indent=2), encoding="utf-8")
+    workspace = {
+        "load_from": [
+            {"python_module": {"module_name": "dagster_project.definitions", "working_directory": str(common.ROOT)}}
+        ]
+    }
+    (work / "workspace.yaml").write_text(json.dumps(workspace, indent=2), encoding="utf-8")
+    return {"CDC_CONFIG": str(work / "cdc.yaml"), "DAGSTER_HOME": str(home)}
+
+
+def started(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """``command`` in a process group of its own, its output into ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+    """SIGINT to the process group (``dagster dev`` and the Connect server shut down on it), then
+    SIGKILL what is left."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text(errors="replace"):
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}; see {log}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{text!r} did not appear in {log} within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def cdc(env: dict[str, str], work: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "cdc_assets", *args], env=env, cwd=work, check=True)
+
+
+class Sampler(threading.Thread):
+    """Every ``SAMPLE_EVERY_S``: each table's freshness, until stopped."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(daemon=True)
+        self.config = config
+        self.transactions = Transactions(ChangeLogReader(config.changelog_store()))
+        self.samples: list[dict[str, Any]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(SAMPLE_EVERY_S):
+            now = time.time()
+            applied = {
+                str(t.name): applied_lsn(self.config.target_path(t), app_id(self.config.source.slot, str(t.name)))
+                for t in self.config.tables
+            }
+            self.transactions.refresh()
+            sample: dict[str, Any] = {"time": now}
+            for name, lsn in applied.items():
+                commit = None if lsn is None else self.transactions.commit_time_at(lsn)
+                sample[name] = None if commit is None else now - commit
+            self.samples.append(sample)
+
+
+def percentile(values: list[float], share: float) -> float | None:
+    """The nearest-rank percentile (None without values)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))] if ordered else None
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def run_figures(home: Path) -> dict[str, Any]:
+    """The runs Dagster ran: how many per kind (drain, merge), failures, median duration."""
+    os.environ["DAGSTER_HOME"] = str(home)
+    import dagster as dg
+
+    with dg.DagsterInstance.get() as instance:
+        records = instance.get_run_records()
+    kinds: dict[str, list[float]] = {}
+    failed = 0
+    for record in records:
+        run = record.dagster_run
+        kind = "drain" if "cdc/drain" in run.tags else "merge" if "cdc/table" in run.tags else "other"
+        if run.status == dg.DagsterRunStatus.FAILURE:
+            failed += 1
+        if record.start_time and record.end_time:
+            kinds.setdefault(kind, []).append(record.end_time - record.start_time)
+    return {
+        "failed": failed,
+        "runs": {kind: {"count": len(d), "median_s": round(statistics.median(d), 2)} for kind, d in kinds.items()},
+    }
+
+
+def measure(runtime: str, args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"cdc-fresh-{runtime}-"))
+    cluster = common.start_cluster(args.pg)
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        common.pgbench(cluster, "-i", "-q", "-s", str(args.scale))
+        port = free_port()
+        # the first apply sends the 1,000,000-row copy to the driver (over Connect: one local relation)
+        conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", "spark.driver.memory": "6g"}
+        spark = {"remote": f"sc://127.0.0.1:{port}"} if runtime == "connect" else {"master": "local[2]"}
+        env = {
+            **os.environ,
+            "CDC_SOURCE_DSN": cluster.dsn(),
+            **write_files(work, "CDC_SOURCE_DSN", spark | {"conf": conf}),
+        }
+        if runtime == "connect":
+            server = [sys.executable, "-m", "cdc_assets", "spark-server", "--port", str(port), "--master", "local[2]"]
+            processes.append(started(server, env, work / "spark-server.log", work))
+            wait_for_line(work / "spark-server.log", "listening at", processes[-1], READY_TIMEOUT_S)
+        cdc(env, work, "setup")
+        cdc(env, work, "apply")
+        webserver_port = str(free_port())
+        dagster = ["dagster", "dev", "-w", str(work / "workspace.yaml"), "-p", webserver_port]
+        processes.append(started(dagster, env, work / "dagster.log", work))
+        wait_for_line(work / "dagster.log", "Serving dagster-webserver", processes[-1], READY_TIMEOUT_S)
+        config = load_config(work / "cdc.yaml", env)
+        sampler = Sampler(config)
+        load_started = time.time()
+        sampler.start()
+        print(f"[freshness] {runtime}: pgbench at {args.rate} tx/s for {args.minutes} min", flush=True)
+        pgbench_s = common.pgbench(
+            cluster, "-n", "-c", "4", "-j", "2", "-R", str(args.rate), "-T", str(round(args.minutes * 60))
+        )
+        sampler.halt.set()
+        sampler.join()
+        transactions = len(sampler.transactions.end_lsns)
+        steady = [s for s in sampler.samples if s["time"] >= load_started + args.warmup]
+        per_table: dict[str, Any] = {}
+        for name in TABLES:
+            # a sample before the table applied any transaction of the load counts as its age
+            values = [s["time"] - load_started if s[name] is None else s[name] for s in steady]
+            per_table[name] = {
+                "p50_s": _rounded(percentile(values, 0.5)),
+                "p95_s": _rounded(percentile(values, 0.95)),
+                "max_s": _rounded(max(values, default=None)),
+                "samples": len(values),
+            }
+        for process in reversed(processes):
+            stop(process)
+        processes.clear()
+        return {
+            "tables": per_table,
+            "logged_transactions": transactions,
+            "load_s": round(pgbench_s, 1),
+            "tx_per_s": round(transactions / pgbench_s, 1),
+            "dagster": run_figures(work / "dagster_home"),
+            "samples": sampler.samples,
+            "work": str(work),
+        }
+    finally:
+        for process in reversed(processes):
+            stop(process)
+        cluster.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg", type=int, default=16)
+    parser.add_argument("--rate", type=int, default=500)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--scale", type=int, default=10)
+    parser.add_argument("--runtimes", default="connect,local")
+    parser.add_argument("--warmup", type=float, default=60.0)
+    parser.add_argument("--out", default="freshness-out")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    code = common.code_version()
+    results = {runtime: measure(runtime, args) for runtime in args.runtimes.split(",")}
+    common.write_json(
+        str(out / "freshness.json"),
+        {"args": vars(args), "machine": common.machine(), "code": code, "results": results},
+    )
+    rows = [
+        (runtime, table, t["p50_s"], t["p95_s"], t["max_s"], t["samples"], r["tx_per_s"])
+        for runtime, r in results.items()
+        for table, t in r["tables"].items()
+    ]
+    print(common.table(["runtime", "table", "p50 (s)", "p95 (s)", "max (s)", "samples", "tx/s logged"], rows))
+    for runtime, r in results.items():
+        print(f"{runtime}: Dagster runs {r['dagster']['runs']}, failed {r['dagster']['failed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -118,13 +118,15 @@ class ScheduleConfig:
 
     ``drain_lag_bytes``: besides the cron, a sensor requests a drain whenever the slot is at least
     this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``;
-    each table's merge sensor looks every ``merge_check_seconds``."""
+    each table's merge sensor looks every ``merge_check_seconds``. A mirror whose last
+    materialization is ``freshness_minutes`` old fails its freshness policy (warns at half)."""
 
     drain_cron: str = "*/5 * * * *"
     max_lag_bytes: int = 1 << 30
     drain_lag_bytes: int | None = None
     drain_check_seconds: int = 30
     merge_check_seconds: int = 30
+    freshness_minutes: int = 30
 
 
 DELTA_MIN_RETENTION_HOURS = 168
@@ -478,6 +480,7 @@ class _Reader:
             drain_lag_bytes=None if lag is None else schedule.positive("drain_lag_bytes", 1),
             drain_check_seconds=schedule.positive("drain_check_seconds", 30),
             merge_check_seconds=schedule.positive("merge_check_seconds", 30),
+            freshness_minutes=schedule.positive("freshness_minutes", 30),
         )
         schedule.done()
         return result

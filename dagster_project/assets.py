@@ -8,7 +8,7 @@ Pools keep one drain per slot and one writer per Delta table at a time (set the 
 ``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import dagster as dg
 from dagster import AssetExecutionContext
@@ -101,6 +101,7 @@ def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
 
 def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefinition:
     name = str(table.name)
+    fresh = timedelta(minutes=settings.config.schedule.freshness_minutes)
 
     @dg.asset(
         key=mirror_key(table),
@@ -108,6 +109,8 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         group_name="mirror",
         pool=table_pool(table),
         kinds={"delta", "spark"},
+        # materialized by each merge, and by the merge sensor while the table has nothing to merge
+        freshness_policy=dg.FreshnessPolicy.time_window(fail_window=fresh, warn_window=fresh / 2),
         description=f"Delta mirror of {name} at {settings.config.target_path(table)}, merged from the change log.",
         metadata={"source_table": name, "dagster/uri": settings.config.target_path(table)},
     )

@@ -4,8 +4,12 @@ and one merge sensor per table.
 A table's sensor compares two small things — the change log's checkpoint file (the end LSN of the
 last transaction that changed the table) and the Delta log's recorded applied LSN (read with
 delta-rs) — and requests a merge when the log is ahead. No Spark, no WAL decoding: well inside
-Dagster's sensor time limit. Its cursor is the checkpoint it last requested for, and the run key
-names it, so each range is requested once.
+Dagster's sensor time limit. Its cursor is the checkpoint it last requested (or confirmed) for,
+and the run key names it, so each range is requested once. While the table has nothing to merge
+and the drains move the checkpoint on, the sensor reports a runless materialization saying the
+mirror is current as of the new checkpoint — at most every sixth of ``schedule.freshness_minutes``
+— since the mirror's freshness policy counts materializations only: an idle table stays fresh,
+and a table whose drain or merge stops goes stale.
 
 The drain sensor reads one row of ``pg_replication_slots`` and asks for a drain when the slot is
 ``drain_lag_bytes`` behind and no drain of the slot is queued or running (drain runs carry the
@@ -18,6 +22,7 @@ default multiprocess executor would start one more Python process per step befor
 import dagster as dg
 from dagster import SensorEvaluationContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+from dagster._time import get_current_timestamp  # Dagster's clock: the events' timestamps are its
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
@@ -93,6 +98,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
     name = str(table.name)
     path = config.target_path(table)
     app = app_id(config.source.slot, name)
+    confirm_every_s = config.schedule.freshness_minutes * 60 / 6
 
     # The merge and its cheap lag check; not the parity check, which scans the whole source
     # table (and drains the slot): that runs on demand, not after every merge.
@@ -113,9 +119,9 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         if checkpoint is None or state is None:
             return dg.SkipReason(f"the change log holds nothing for {name} yet")
         applied = applied_lsn(path, app, config.delta_storage_options)
-        if applied is not None and state.last_change_lsn <= applied:
-            return dg.SkipReason(f"{name} is up to date (applied {format_lsn(applied)})")
         requested = int(context.cursor) if context.cursor else -1
+        if applied is not None and state.last_change_lsn <= applied:
+            return confirm_current(context, mirror.key, name, applied, checkpoint.lsn, requested, confirm_every_s)
         if checkpoint.lsn <= requested:
             return dg.SkipReason(f"a merge up to {format_lsn(requested)} was already requested")
         return dg.SensorResult(
@@ -124,3 +130,26 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         )
 
     return merge_sensor
+
+
+def confirm_current(
+    context: SensorEvaluationContext,
+    key: dg.AssetKey,
+    table: str,
+    applied: int,
+    checkpoint_lsn: int,
+    requested: int,
+    every_s: float,
+) -> dg.SensorResult | dg.SkipReason:
+    """For a mirror that holds every change of its table up to the log's checkpoint: a runless
+    materialization saying it is current as of that checkpoint, when the checkpoint has moved past
+    the sensor's cursor (``requested``) and the last materialization is ``every_s`` old."""
+    last = context.instance.get_latest_materialization_event(key)
+    if checkpoint_lsn <= requested or (last is not None and get_current_timestamp() - last.timestamp < every_s):
+        return dg.SkipReason(f"{table} is up to date (applied {format_lsn(applied)})")
+    metadata = {
+        "applied_lsn": format_lsn(applied),
+        "checkpoint_lsn": format_lsn(checkpoint_lsn),
+        "write": f"none: current, no change to {table} since the last merge",
+    }
+    return dg.SensorResult(asset_events=[dg.AssetMaterialization(key, metadata=metadata)], cursor=str(checkpoint_lsn))

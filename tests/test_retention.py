@@ -16,12 +16,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import CommitProperties, Transaction, write_deltalake
 
 from cdc_assets.apply.runner import rebuild_table
-from cdc_assets.apply.target import app_id
 from cdc_assets.changelog.snapshot_runs import is_base
 from cdc_assets.errors import CdcError
 from cdc_assets.history import HistoryGoneError, history_rows
@@ -29,6 +26,7 @@ from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.status import read_status
 from dagster_project.assets import drain_metadata
 from tests.conftest import Database
+from tests.support.applied_marker import mark_applied
 from tests.support.commit_time import commit_at
 from tests.support.mirror import Mirror
 from tests.support.pipeline import Pipeline
@@ -68,18 +66,6 @@ def change_kinds(db: Database, round_: int) -> None:
         db.execute(statement)
 
 
-def mark_applied(pipe: Pipeline, table: str, lsn: int) -> None:
-    """Record ``lsn`` as ``table``'s applied LSN in its Delta log, as the apply's commit does."""
-    config = pipe.config()
-    marker = Transaction(app_id(config.source.slot, table), lsn)
-    write_deltalake(
-        config.target_path(config.table(table)),
-        pa.table({"marker": pa.array([], pa.int64())}),
-        mode="append",
-        commit_properties=CommitProperties(app_transactions=[marker]),
-    )
-
-
 def checkpoint_lsn(pipe: Pipeline) -> int:
     checkpoint = pipe.checkpoint()
     assert checkpoint is not None
@@ -114,7 +100,7 @@ def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: 
     before = {t: segments(pipe, t) for t in KINDS}
     transactions_before = pipe.batch_starts()
     for table in KINDS:
-        mark_applied(pipe, table, applied)
+        mark_applied(pipe.config(), table, applied)
     for round_ in (2, 3):
         change_kinds(pg, round_)
         result = pipe.drain(wait=True)
@@ -131,7 +117,7 @@ def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: 
         assert min(pipe.batch_starts()) > max(transactions_before)
         applied = checkpoint_lsn(pipe)
         for table in KINDS:
-            mark_applied(pipe, table, applied)
+            mark_applied(pipe.config(), table, applied)
     folded = {t.table: t for t in result.retention.tables}
     assert all(folded[t].removed_segments and folded[t].base for t in KINDS), result.retention
     assert "compacted base" in drain_metadata(result)["retention"].value  # the Dagster drain asset's
@@ -157,7 +143,7 @@ def test_only_changes_older_than_the_retention_go_and_their_days_report_gone(pg:
     young = segments(pipe, "public.t")[-1]
     before = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
     assert history_rows(pipe.reader, "public.t", before, old_day).column("after").to_pylist() == [{"id": 1, "v": "old"}]
-    mark_applied(pipe, "public.t", checkpoint_lsn(pipe))
+    mark_applied(pipe.config(), "public.t", checkpoint_lsn(pipe))
     result = pipe.drain(wait=True)
     assert result.retention is not None and result.retention.tables[0].removed_segments == 3  # snapshot, 2 old
     assert segments(pipe, "public.t") == [young]
@@ -178,7 +164,7 @@ def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database
         pg.execute(f"INSERT INTO a VALUES ({round_}, 'a')")
         pg.execute(f"INSERT INTO b VALUES ({round_}, 'b')")
         pipe.drain(wait=True)
-    mark_applied(pipe, "public.a", checkpoint_lsn(pipe))
+    mark_applied(pipe.config(), "public.a", checkpoint_lsn(pipe))
     held = segments(pipe, "public.b")
     transactions = pipe.batch_starts()
     pg.execute("INSERT INTO a VALUES (3, 'a')")
@@ -188,7 +174,7 @@ def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database
     assert by_table["public.a"].removed_segments == 3 and by_table["public.b"].removed_segments == 0
     assert segments(pipe, "public.b") == held and pipe.batch_starts()[: len(transactions)] == transactions
 
-    mark_applied(pipe, "public.a", checkpoint_lsn(pipe))
+    mark_applied(pipe.config(), "public.a", checkpoint_lsn(pipe))
     status = read_status(pipe.config())
     hold = {t.name: t.held for t in status.tables}
     assert hold["public.a"] is None
@@ -198,7 +184,7 @@ def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database
     assert status.to_json()["tables"]["public.b"]["held"]["segments"] == 2
     pipe.assert_mirrors()
 
-    mark_applied(pipe, "public.b", checkpoint_lsn(pipe))
+    mark_applied(pipe.config(), "public.b", checkpoint_lsn(pipe))
     pg.execute("INSERT INTO b VALUES (3, 'b')")
     result = pipe.drain(wait=True)
     assert {t.table: t.removed_segments for t in result.retention.tables}["public.b"] == 3  # type: ignore[union-attr]
@@ -222,7 +208,7 @@ def test_a_base_is_rewritten_only_once_the_changes_are_worth_it(pg: Database, tm
         """``statement``'s batch drained (retention folds up to the previous one) and marked applied."""
         pg.execute(statement)
         result = pipe.drain(wait=True)
-        mark_applied(pipe, "public.t", checkpoint_lsn(pipe))
+        mark_applied(pipe.config(), "public.t", checkpoint_lsn(pipe))
         assert result.retention is not None
         (outcome,) = result.retention.tables
         return outcome
@@ -254,7 +240,7 @@ def test_a_base_is_rewritten_only_once_the_changes_are_worth_it(pg: Database, tm
 def test_a_drain_killed_while_folding_leaves_a_correct_log(pg: Database, tmp_path: Path, point: str) -> None:
     pipe = kinds_drained(pg, tmp_path)
     for table in KINDS:
-        mark_applied(pipe, table, checkpoint_lsn(pipe))
+        mark_applied(pipe.config(), table, checkpoint_lsn(pipe))
     change_kinds(pg, 2)
     killed = pipe.cli("drain", "--wait", env={**pipe.environ, "CDC_ASSETS_FAULT": point})
     assert killed.returncode == -9, killed.stderr
@@ -291,11 +277,11 @@ def test_a_quiet_table_does_not_hold_the_log_back(pg: Database, tmp_path: Path) 
     pg.execute("CREATE TABLE busy (id int PRIMARY KEY)")
     pipe = retained(pg, tmp_path, ["public.quiet", "public.busy"])
     pipe.setup()
-    mark_applied(pipe, "public.quiet", checkpoint_lsn(pipe))
+    mark_applied(pipe.config(), "public.quiet", checkpoint_lsn(pipe))
     for round_ in (1, 2):
         pg.execute(f"INSERT INTO busy VALUES ({round_})")
         pipe.drain(wait=True)
-        mark_applied(pipe, "public.busy", checkpoint_lsn(pipe))
+        mark_applied(pipe.config(), "public.busy", checkpoint_lsn(pipe))
     pg.execute("INSERT INTO busy VALUES (3)")
     pipe.drain(wait=True)
     assert len(pipe.batch_starts()) == 1  # the last batch's: the one busy has not applied
@@ -317,7 +303,7 @@ def test_an_online_snapshot_older_than_a_base_is_replaced_by_the_base(pg: Databa
             during.append(pg.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8")[0][0])
 
     (copied,) = snapshot_tables(pipe.config(), ["public.t"], progress=write_once)
-    mark_applied(pipe, "public.t", during[0])
+    mark_applied(pipe.config(), "public.t", during[0])
     pipe.drain(wait=True, upto_lsn=during[0])  # the update, not the announcement; then retention
     state = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
     assert state.snapshot_run is not None and is_base(state.snapshot_run.run)

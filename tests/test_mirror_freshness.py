@@ -1,0 +1,105 @@
+"""The mirrors' freshness policy (``schedule.freshness_minutes``) and what keeps an idle mirror
+fresh: its merge sensor reports a runless materialization — current as of the log's checkpoint —
+when the table has nothing to merge, the drains have moved the checkpoint on, and the last
+materialization is a sixth of the window old. Evaluated as the daemon does, against a real slot
+and a Dagster instance; Dagster's clock is moved forward with its own ``freeze_time``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+from dagster._core.test_utils import freeze_time
+from dagster._time import get_current_timestamp
+
+from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.config import load_config
+from cdc_assets.lsn import format_lsn
+from dagster_project.assets import mirror_key
+from tests.conftest import Database
+from tests.support.applied_marker import mark_applied
+from tests.support.dagster_env import DSN_VARIABLE, TABLES, load_code_location
+from tests.test_dagster import create_source
+
+SLOT = "cdc_fresh_slot"
+FRESHNESS_MINUTES = 12  # confirmations at most every 2 minutes
+
+
+def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
+    pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
+    monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
+    create_source(pg, tmp_path, slot=SLOT)
+    document = yaml.safe_load((tmp_path / "cdc.yaml").read_text())
+    document["schedule"] = {"freshness_minutes": FRESHNESS_MINUTES}
+    document["source"]["heartbeat"] = True  # every drain moves the checkpoint
+    (tmp_path / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    config = load_config(tmp_path / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
+    defs = load_code_location()
+    table = config.table(TABLES[0])
+    key = mirror_key(table)
+
+    policy = next(iter(defs.resolve_assets_def(key).specs)).freshness_policy
+    assert policy is not None
+    assert (policy.fail_window.to_timedelta(), policy.warn_window.to_timedelta()) == (  # type: ignore[union-attr]
+        timedelta(minutes=FRESHNESS_MINUTES),
+        timedelta(minutes=FRESHNESS_MINUTES / 2),
+    )
+
+    sensor = defs.resolve_sensor_def(f"cdc_merge__{TABLES[0].replace('.', '__')}")
+    drain = defs.resolve_job_def("cdc_drain")
+    with dg.instance_for_test() as instance:
+        cursor: str | None = None
+
+        def tick() -> Any:
+            nonlocal cursor
+            context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursor)
+            result = sensor.evaluate_tick(context)
+            cursor = result.cursor or cursor
+            for event in result.asset_events:  # as the daemon stores a sensor's asset events
+                instance.report_runless_asset_event(event)
+            return result
+
+        def drained() -> int:
+            assert drain.execute_in_process(instance=instance).success
+            checkpoint = read_checkpoint(config.changelog_store())
+            assert checkpoint is not None
+            return checkpoint.lsn
+
+        first = drained()
+        not_applied = tick()  # the snapshot is not applied: a merge, no confirmation
+        assert len(not_applied.run_requests) == 1 and not not_applied.asset_events
+
+        # Applied up to the checkpoint (as a merge records it): current, said once.
+        mark_applied(config, TABLES[0], first)
+        cursor = None
+        current = tick()
+        assert not current.run_requests
+        [event] = current.asset_events
+        assert event.asset_key == key and event.metadata["checkpoint_lsn"].value == format_lsn(first)
+        assert "no change to public.customers" in event.metadata["write"].value
+        assert instance.get_latest_materialization_event(key) is not None
+        assert "up to date" in (tick().skip_message or "")  # the checkpoint has not moved
+
+        # A drain moves the checkpoint, the table has no change: too soon to say it again …
+        second = drained()
+        assert second > first
+        soon = tick()
+        assert not soon.asset_events and "up to date" in (soon.skip_message or "")
+        # … a sixth of the window later, it is said again, at the new checkpoint.
+        with freeze_time(get_current_timestamp() + FRESHNESS_MINUTES * 60 / 6 + 1):
+            later = tick()
+        assert [e.metadata["checkpoint_lsn"].value for e in later.asset_events] == [format_lsn(second)]
+
+        # A change to the table: a merge is requested, not a confirmation.
+        pg.execute("UPDATE public.customers SET tier = 'gold' WHERE id = 1")
+        third = drained()
+        with freeze_time(get_current_timestamp() + FRESHNESS_MINUTES * 60):
+            due = tick()
+        assert not due.asset_events
+        assert [r.run_key for r in due.run_requests] == [f"{TABLES[0]}@{third}"]

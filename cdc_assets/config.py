@@ -156,11 +156,11 @@ CHANGELOG_RETENTION_HOURS = 168
 (``changelog.retention_hours``; docs/architecture.md, "Change-log retention")."""
 
 FOLD_MIN_SHARE = 0.25
-"""Retention writes a table's new compacted base (a rewrite of the whole table) only once the
-segments it would fold hold this share of the current copy's bytes (``changelog.fold_min_share``;
-0: at every drain) ..."""
+"""Retention rewrites a table's compacted base (the whole table) only once the segments it would
+fold hold this share of the current copy's bytes (``changelog.fold_min_share``; 0: whenever it
+folds) or number ``FOLD_MAX_SEGMENTS``."""
 FOLD_MAX_SEGMENTS = 200
-"""... or number this many (``changelog.fold_max_segments``), which bounds what a read lists."""
+"""``changelog.fold_max_segments``: the bound on a table's segments kept past the retention."""
 
 
 @dataclass(slots=True, frozen=True)

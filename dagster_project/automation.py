@@ -22,7 +22,7 @@ default multiprocess executor would start one more Python process per step befor
 import dagster as dg
 from dagster import SensorEvaluationContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
-from dagster._time import get_current_timestamp  # Dagster's clock: the events' timestamps are its
+from dagster._time import get_current_timestamp  # the clock that stamps Dagster's events
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
@@ -98,6 +98,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
     name = str(table.name)
     path = config.target_path(table)
     app = app_id(config.source.slot, name)
+    slug = table_slug(table)
     confirm_every_s = config.schedule.freshness_minutes * 60 / 6
 
     # The merge and its cheap lag check; not the parity check, which scans the whole source
@@ -107,8 +108,8 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
     )
 
     @dg.sensor(
-        name=f"cdc_merge__{table_slug(table)}",
-        target=automation_job(f"cdc_merge__{table_slug(table)}", merge, tags={"cdc/table": table_slug(table)}),
+        name=f"cdc_merge__{slug}",
+        target=automation_job(f"cdc_merge__{slug}", merge, tags={"cdc/table": slug}),
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",

@@ -45,6 +45,7 @@ from typing import Any
 
 import _common as common
 
+from cdc_assets.apply.connect_server import STOP_TIMEOUT_S
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
@@ -128,9 +129,10 @@ def started(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> su
         return subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 2 * STOP_TIMEOUT_S) -> None:
     """SIGINT to the process group (``dagster dev`` and the Connect server shut down on it), then
-    SIGKILL what is left."""
+    SIGKILL what is left. The wait outlasts the Connect server's own (its JVM is in a session of
+    its own: killing the ``spark-server`` process before it has stopped the JVM would orphan it)."""
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGINT)
         try:

@@ -24,8 +24,12 @@ live keys, 10% inserts of new keys, 10% deletes of live keys), then for each pip
 an apply (``cdc_assets.drain.drain``, ``cdc_assets.apply.runner.apply_tables``), the pipelines
 taking turns so that a busy moment of the machine falls on both. Recorded per cycle and pipeline:
 apply seconds, the Delta table's data files and deletion-vector files (its current version, read
-with delta-rs), the change log's files and bytes on disk, maintenance seconds when it ran; every
-``--read-every`` cycles the time of a full read (``sum(hash(*))`` over every row with Spark).
+with delta-rs), the files in its ``_delta_log``, the change log's files and bytes on disk,
+maintenance seconds when it ran; every ``--read-every`` cycles the time of a full read
+(``sum(hash(*))`` over every row with Spark). A *control* tells the session's drift from the
+table's: a copy of the maintained table made after the initial apply, which only every
+``--read-every`` cycles gets one MERGE of ``--changes`` updates on the same session — if its time
+rises too, what grows is the session, not the table.
 Finally both Delta tables are compared with the source (``cdc_assets.parity.check_parity``).
 
 Output: ``soak.json`` (every figure; ``soak.partial.json`` every 50 cycles until then) and
@@ -117,6 +121,26 @@ def full_read_seconds(spark: Any, path: str) -> float:
     return time.perf_counter() - started
 
 
+def copy_table(spark: Any, source: str, target: Path) -> None:
+    """A new Delta table at ``target`` holding ``source``'s rows, with deletion vectors as ours."""
+    spark.sql(
+        f"CREATE TABLE delta.`{target}` USING delta TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')"
+        f" AS SELECT * FROM delta.`{source}`"
+    )
+
+
+def control_merge_seconds(spark: Any, control: Path, keys: list[int]) -> float:
+    """One MERGE of updates to ``keys`` into the control table, timed."""
+    spark.sql(
+        f"SELECT id, k + 1 AS k FROM delta.`{control}` WHERE id IN ({', '.join(map(str, keys))})"
+    ).createOrReplaceTempView("soak_control_source")
+    started = time.perf_counter()
+    spark.sql(
+        f"MERGE INTO delta.`{control}` t USING soak_control_source s ON t.id = s.id WHEN MATCHED THEN UPDATE SET k = s.k"
+    ).collect()
+    return time.perf_counter() - started
+
+
 def one_cycle(spark: Any, pipeline: Pipeline, cycle: int, args: argparse.Namespace) -> dict[str, Any]:
     config = pipeline.config
     drained = drain(config)
@@ -140,6 +164,7 @@ def one_cycle(spark: Any, pipeline: Pipeline, cycle: int, args: argparse.Namespa
         files.bytes,
     )
     record["log_files"], record["log_bytes"] = log_files(config)
+    record["delta_log_files"] = sum(1 for _ in Path(path, "_delta_log").iterdir())
     if cycle % args.read_every == 0:
         record["full_read_s"] = full_read_seconds(spark, path)
     return record
@@ -170,7 +195,7 @@ def summary(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
-def plot(pipelines: list[Pipeline], path: Path) -> None:
+def plot(pipelines: list[Pipeline], controls: list[tuple[int, float]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,6 +208,7 @@ def plot(pipelines: list[Pipeline], path: Path) -> None:
         ("log_files", "change-log files"),
         ("log_bytes", "change-log MB"),
         ("full_read_s", "full read seconds"),
+        ("delta_log_files", "files in _delta_log"),
     ]
     figure, axes = plt.subplots(len(panels), 1, figsize=(10, 3 * len(panels)), sharex=True)
     for axis, (key, title) in zip(axes, panels):
@@ -192,6 +218,10 @@ def plot(pipelines: list[Pipeline], path: Path) -> None:
             axis.plot(xs, ys, "o-" if key == "full_read_s" else "-", label=pipeline.name, linewidth=0.8)
         axis.set_title(title)
         axis.legend()
+    if controls:
+        xs, ys = zip(*controls)
+        axes[5].plot(xs, ys, "s--", label="control MERGE (one per point)", linewidth=0.8)
+        axes[5].legend()
     axes[-1].set_xlabel("cycle")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -232,6 +262,10 @@ def main() -> int:
             spark = spark_session(pipelines[0].config.spark, "cdc-assets-soak")
         for pipeline in pipelines:
             apply_tables(pipeline.config, spark)  # the initial copy, not timed
+        control = work / "control"
+        copy_table(spark, pipelines[0].config.target_path(pipelines[0].config.tables[0]), control)
+        controls: list[tuple[int, float]] = []
+        control_keys = np.random.default_rng(11)
         parity: dict[str, Parity] = {}
         rng = np.random.default_rng(7)
         live = np.arange(1, args.rows + 1, dtype=np.int64)
@@ -255,8 +289,16 @@ def main() -> int:
                 running = pipelines if cycle <= args.bare_cycles else pipelines[:1]
                 for pipeline in running if cycle % 2 else reversed(running):
                     pipeline.cycles.append(one_cycle(spark, pipeline, cycle, args))
+                if cycle % args.read_every == 0:
+                    sample = control_keys.choice(args.rows, args.changes, replace=False) + 1  # the copy's keys
+                    controls.append((cycle, control_merge_seconds(spark, control, sample.tolist())))
                 if cycle % 50 == 0:  # what a run stopped early has measured so far
-                    partial = {"args": vars(args), "code": code, "cycles": {p.name: p.cycles for p in pipelines}}
+                    partial = {
+                        "args": vars(args),
+                        "code": code,
+                        "cycles": {p.name: p.cycles for p in pipelines},
+                        "control_merges_s": controls,
+                    }
                     common.write_json(str(out / "soak.partial.json"), partial)
                 if cycle % 10 == 0 or cycle == args.cycles:
                     last = {p.name: p.cycles[-1] for p in running}
@@ -278,9 +320,10 @@ def main() -> int:
             "summary": results,
             "parity": {name: {"ok": r.ok, "rows": r.source.rows} for name, r in parity.items()},
             "cycles": {p.name: p.cycles for p in pipelines},
+            "control_merges_s": controls,
         }
         common.write_json(str(out / "soak.json"), document)
-        plot(pipelines, out / "soak.png")
+        plot(pipelines, controls, out / "soak.png")
         print()
         rows = [
             (
@@ -318,6 +361,7 @@ def main() -> int:
             f"data {kept['data_files_max_first_half']} / {kept['data_files_max_second_half']}, "
             f"log {kept['log_files_max_first_half']} / {kept['log_files_max_second_half']}"
         )
+        print("control MERGE (s), by cycle: " + ", ".join(f"{cycle}: {s:.2f}" for cycle, s in controls))
         print(common.describe_code(code, common.code_version()))
         print(f"wrote {out / 'soak.json'} and {out / 'soak.png'}")
         return 0 if all(r.ok for r in parity.values()) else 1

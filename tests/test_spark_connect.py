@@ -21,10 +21,10 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from cdc_assets.apply.session import is_connect
+from cdc_assets.apply.session import close_connect_sessions, is_connect
 from cdc_assets.lsn import format_lsn
 from tests.conftest import Database
-from tests.support.dagster_env import DSN_VARIABLE, DagsterEnv
+from tests.support.dagster_env import DSN_VARIABLE, ROOT, DagsterEnv
 from tests.support.pipeline import wait_until
 from tests.test_apply_differential import BUCKET_OPS, BUCKET_SEEDS, SeedResult, run_seed
 from tests.test_dagster import (
@@ -117,6 +117,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
     try:
         yield server
     finally:
+        close_connect_sessions()  # the runs' sessions kept for the process, released while it answers
         if server.process.poll() is None:
             server.stop()
 
@@ -139,6 +140,33 @@ def test_spark_server_prints_its_address_and_stops_on_sigterm(tmp_path: Path) ->
     assert server.stop() == 0, server.lines
     assert not listening(server.port)
     assert server.lines[-1] == "stopped", server.lines
+
+
+def test_a_process_with_a_connect_session_exits_at_once_after_its_server_stopped(tmp_path: Path) -> None:
+    """A session opened through ``spark_session`` is kept for the process (a Dagster run's): at
+    exit cdc-assets closes it itself — pyspark's own exit clean-up would call the stopped server
+    and retry for minutes."""
+    server = start_server(tmp_path)
+    script = (
+        "import sys\n"
+        "from cdc_assets.apply.session import spark_session\n"
+        "from cdc_assets.config import SparkConfig\n"
+        f"spark_session(SparkConfig(remote={server.address!r})).sql('SELECT 1').collect()\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        assert server.stop() == 0, server.lines
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_differential_over_spark_connect(pg: Database, connect_server: RunningServer, tmp_path: Path) -> None:

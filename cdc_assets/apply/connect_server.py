@@ -25,12 +25,11 @@ from pathlib import Path
 
 import pyspark
 
-from cdc_assets.apply.session import session_settings
+from cdc_assets.apply.session import DEFAULT_CONNECT_PORT, session_settings
 from cdc_assets.config import SparkConfig
 from cdc_assets.errors import CdcError
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-DEFAULT_PORT = 15002
 STOP_TIMEOUT_S = 60.0
 
 
@@ -44,7 +43,7 @@ class ConnectServer:
 
     spark: SparkConfig
     host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
+    port: int = DEFAULT_CONNECT_PORT
     master: str = "local[*]"
     log: Path | None = None
 

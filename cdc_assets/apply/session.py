@@ -16,7 +16,9 @@ must have all that itself: ``cdc-assets spark-server`` starts one with these ver
 
 from __future__ import annotations
 
+import atexit
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -147,7 +149,30 @@ def _copy_settings(source: SparkSession, target: SparkSession) -> None:
 
 
 SESSION_SETTING_PREFIXES = ("spark.sql.", "spark.databricks.")
+DEFAULT_CONNECT_PORT = 15002  # Spark Connect's, when an sc:// address names none
 _CONNECT_SESSIONS: dict[str, SparkSession] = {}  # this process's session per Spark Connect server
+
+
+def close_connect_sessions() -> None:
+    """Stop the Spark Connect sessions this process keeps: released on their servers, or, where a
+    server no longer answers, only disconnected. Runs at exit: pyspark's own exit clean-up of an
+    open session calls its server and, when the server is gone, retries for minutes."""
+    while _CONNECT_SESSIONS:
+        address, session = _CONNECT_SESSIONS.popitem()
+        if _answers(address):
+            session.stop()
+        else:
+            session.client.close()
+
+
+def _answers(address: str) -> bool:
+    """Whether the Spark Connect server at ``sc://host[:port][/;…]`` accepts a connection."""
+    host, _, port = address.removeprefix("sc://").split("/", 1)[0].partition(":")
+    try:
+        with socket.create_connection((host, int(port or DEFAULT_CONNECT_PORT)), timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
 def _remote_builder(config: SparkConfig) -> SparkSession.Builder:
@@ -187,6 +212,9 @@ def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSes
         session = _CONNECT_SESSIONS.get(config.remote)
         if session is None or getattr(session, "is_stopped", False):  # a Connect session property
             session = _CONNECT_SESSIONS[config.remote] = _remote_builder(config).appName(app_name).create()
+            # registered after the session's own exit hook, so it runs first (atexit is last in, first out)
+            atexit.unregister(close_connect_sessions)
+            atexit.register(close_connect_sessions)
         return session
     builder = SparkSession.builder.master(config.master or "local[2]")
     for key, value in session_settings(config, app_name).items():

@@ -130,11 +130,12 @@ def started(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> su
 
 
 def stop(process: subprocess.Popen[bytes], timeout_s: float = 2 * STOP_TIMEOUT_S) -> None:
-    """SIGINT to the process group (``dagster dev`` and the Connect server shut down on it), then
+    """SIGTERM to the process group (``dagster dev`` and the Connect server shut down on it; not
+    SIGINT, which a process started in the background of a script inherits as ignored), then
     SIGKILL what is left. The wait outlasts the Connect server's own (its JVM is in a session of
     its own: killing the ``spark-server`` process before it has stopped the JVM would orphan it)."""
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)
+        os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -46,7 +46,7 @@ from typing import Any
 import _common as common
 
 from cdc_assets.apply.connect_server import STOP_TIMEOUT_S
-from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_sandbox.pgcluster import free_port
@@ -170,10 +170,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.halt.wait(SAMPLE_EVERY_S):
             now = time.time()
-            applied = {
-                str(t.name): applied_lsn(self.config.target_path(t), app_id(self.config.source.slot, str(t.name)))
-                for t in self.config.tables
-            }
+            applied = {str(t.name): table_applied_lsn(self.config, t) for t in self.config.tables}
             self.transactions.refresh()
             sample: dict[str, Any] = {"time": now}
             for name, lsn in applied.items():

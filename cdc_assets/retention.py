@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, write_checkpoint
 from cdc_assets.changelog.layout import CHECKPOINT, COPY_BATCH, MESSAGES, TRANSACTIONS, SegmentName, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader, Segment
@@ -111,7 +111,7 @@ def retain(config: Config, reader: ChangeLogReader, checkpoint: Checkpoint) -> R
         state = checkpoint.tables.get(str(table.name))
         if state is None:
             continue
-        needed = needed_after(state, _applied(config, table), checkpoint.lsn)
+        needed = needed_after(state, table_applied_lsn(config, table), checkpoint.lsn)
         needs.append(needed)
         try:
             outcome, checkpoint = _fold_table(config, reader, checkpoint, table, needed, cutoff)
@@ -147,12 +147,6 @@ def table_hold(
 def _cutoff(config: Config) -> int:
     """Changes committed before this (µs since 1970) are past the retention."""
     return time.time_ns() // 1000 - round(config.changelog_retention_hours * HOUR_US)
-
-
-def _applied(config: Config, table: TableConfig) -> int | None:
-    return applied_lsn(
-        config.target_path(table), app_id(config.source.slot, str(table.name)), config.delta_storage_options
-    )
 
 
 def _fold_table(

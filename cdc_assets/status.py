@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
 from cdc_assets.config import Config
@@ -147,7 +147,7 @@ def read_status(config: Config) -> Status:
         name = str(table.name)
         state = checkpoint.tables.get(name) if checkpoint else None
         path = config.target_path(table)
-        applied = applied_lsn(path, app_id(config.source.slot, name), config.delta_storage_options)
+        applied = table_applied_lsn(config, table)
         status.tables.append(
             TableStatus(
                 name,

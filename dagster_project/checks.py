@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.parity import check_parity
@@ -56,7 +56,7 @@ def build_lag_check(settings: Settings, table: TableConfig) -> dg.AssetChecksDef
     )
     def lag(source: CdcSource) -> dg.AssetCheckResult:
         config = source.config()
-        applied = applied_lsn(config.target_path(table), app_id(config.source.slot, name), config.delta_storage_options)
+        applied = table_applied_lsn(config, table)
         with connect(config.source, purpose="lag-check") as conn:
             (current,) = one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))
         behind = int(current) - (applied or 0)

@@ -31,6 +31,7 @@ from pyspark.sql import types as T
 
 from cdc_assets.apply.planner import COMMIT_TIME, LSN
 from cdc_assets.apply.spark_types import spark_type
+from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import StorageError
 from cdc_assets.storage import describe_storage_error
 
@@ -53,6 +54,13 @@ def applied_lsn(path: str, app: str, storage_options: dict[str, str] | None = No
     """The change-log checkpoint a Delta table was last brought to (None: no table, or never)."""
     table = _open(path, storage_options)
     return None if table is None else table.transaction_version(app)
+
+
+def table_applied_lsn(config: Config, table: TableConfig) -> int | None:
+    """:func:`applied_lsn` of a configured table's Delta table."""
+    return applied_lsn(
+        config.target_path(table), app_id(config.source.slot, str(table.name)), config.delta_storage_options
+    )
 
 
 def delta_table_exists(path: str, storage_options: dict[str, str] | None = None) -> bool:

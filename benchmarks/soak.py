@@ -25,8 +25,10 @@ an apply (``cdc_assets.drain.drain``, ``cdc_assets.apply.runner.apply_tables``),
 taking turns so that a busy moment of the machine falls on both. Recorded per cycle and pipeline:
 apply seconds, the Delta table's data files and deletion-vector files (its current version, read
 with delta-rs), the files in its ``_delta_log``, the change log's files and bytes on disk,
-maintenance seconds when it ran; every ``--read-every`` cycles the time of a full read
-(``sum(hash(*))`` over every row with Spark). A *control* tells the session's drift from the
+maintenance seconds when it ran, and what the apply cost in CPU — this Python process's, the
+driver JVM's (every thread: tasks, Delta, the UI's listeners) and the JVM's garbage collections;
+every ``--read-every`` cycles the time of a full read (``sum(hash(*))`` over every row with
+Spark) and the driver's heap after a full collection. A *control* tells the session's drift from the
 table's: a copy of the maintained table made after the initial apply, which only every
 ``--read-every`` cycles gets one MERGE of ``--changes`` updates on the same session — if its time
 rises too, what grows is the session, not the table.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -141,14 +144,42 @@ def control_merge_seconds(spark: Any, control: Path, keys: list[int]) -> float:
     return time.perf_counter() - started
 
 
+@dataclass(slots=True)
+class JvmGauges:
+    """The driver JVM's own clocks, read through the session's gateway: CPU seconds, GC seconds,
+    and the heap that survives a full collection."""
+
+    spark: Any
+
+    def _management(self) -> Any:
+        return self.spark.sparkContext._jvm.java.lang.management.ManagementFactory
+
+    def cpu_s(self) -> float:
+        pid = self.spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def gc_s(self) -> float:
+        return float(sum(bean.getCollectionTime() for bean in self._management().getGarbageCollectorMXBeans())) / 1e3
+
+    def live_heap_mb(self) -> float:
+        self.spark.sparkContext._jvm.java.lang.System.gc()
+        return float(self._management().getMemoryMXBean().getHeapMemoryUsage().getUsed()) / 1e6
+
+
 def one_cycle(spark: Any, pipeline: Pipeline, cycle: int, args: argparse.Namespace) -> dict[str, Any]:
     config = pipeline.config
     drained = drain(config)
+    gauges = JvmGauges(spark)
+    jvm_cpu, gc, python_cpu = gauges.cpu_s(), gauges.gc_s(), time.process_time()
     started = time.perf_counter()
     applied = apply_tables(config, spark)
     record: dict[str, Any] = {
         "cycle": cycle,
         "apply_s": time.perf_counter() - started,
+        "apply_python_cpu_s": time.process_time() - python_cpu,
+        "apply_jvm_cpu_s": gauges.cpu_s() - jvm_cpu,
+        "apply_gc_s": gauges.gc_s() - gc,
         "records": sum(a.records for a in applied),
         "drained_transactions": drained.transactions,
     }
@@ -167,6 +198,7 @@ def one_cycle(spark: Any, pipeline: Pipeline, cycle: int, args: argparse.Namespa
     record["delta_log_files"] = sum(1 for _ in Path(path, "_delta_log").iterdir())
     if cycle % args.read_every == 0:
         record["full_read_s"] = full_read_seconds(spark, path)
+        record["live_heap_mb"] = gauges.live_heap_mb()
     return record
 
 
@@ -209,13 +241,18 @@ def plot(pipelines: list[Pipeline], controls: list[tuple[int, float]], path: Pat
         ("log_bytes", "change-log MB"),
         ("full_read_s", "full read seconds"),
         ("delta_log_files", "files in _delta_log"),
+        ("apply_jvm_cpu_s", "driver JVM CPU seconds per apply"),
+        ("apply_gc_s", "driver GC seconds per apply"),
+        ("live_heap_mb", "driver heap after a full GC, MB"),
     ]
     figure, axes = plt.subplots(len(panels), 1, figsize=(10, 3 * len(panels)), sharex=True)
     for axis, (key, title) in zip(axes, panels):
         for pipeline in pipelines:
             points = [(c["cycle"], c[key] / (1e6 if key == "log_bytes" else 1)) for c in pipeline.cycles if key in c]
             xs, ys = zip(*points) if points else ((), ())
-            axis.plot(xs, ys, "o-" if key == "full_read_s" else "-", label=pipeline.name, linewidth=0.8)
+            axis.plot(
+                xs, ys, "o-" if key in ("full_read_s", "live_heap_mb") else "-", label=pipeline.name, linewidth=0.8
+            )
         axis.set_title(title)
         axis.legend()
     if controls:

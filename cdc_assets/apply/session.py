@@ -69,6 +69,14 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         "spark.sql.shuffle.partitions": "16",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.ui.showConsoleProgress": "false",
+        # The UI keeps every SQL execution's plan and every job and stage up to these counts
+        # (Spark's defaults: 1,000 each, and every RDD graph): a session that lives for months —
+        # the Connect server, a long `apply` loop — would hold the last thousand MERGE plans on
+        # the driver's heap, which each collection then walks again.
+        "spark.sql.ui.retainedExecutions": "100",
+        "spark.ui.retainedJobs": "200",
+        "spark.ui.retainedStages": "200",
+        "spark.ui.dagGraph.retainedRootRDDs": "200",
     }
     master = config.master or "local[2]"
     if master.startswith("local"):

@@ -2,7 +2,8 @@
 the pipeline as a user would configure it for low latency.
 
     python benchmarks/freshness.py [--pg 16] [--rate 500] [--minutes 10] [--scale 10]
-                                   [--runtimes connect,local] [--warmup 60] [--out freshness-out]
+                                   [--runtimes connect,local] [--merges drain,table] [--warmup 60]
+                                   [--out freshness-out]
 
 Per runtime, on a fresh server: ``pgbench -i`` (its three keyed tables: accounts, tellers,
 branches; its keyless history table is not published), ``cdc-assets setup`` and one ``apply`` (the
@@ -11,18 +12,22 @@ initial copy, not measured), then ``dagster dev`` on the code location with
 * ``schedule.drain_lag_bytes: 1``, ``drain_check_seconds: 5``: the drain sensor asks for a drain
   whenever the slot is behind and no drain is queued or running;
 * ``merge_check_seconds: 5``: each table's merge sensor looks every 5 seconds;
+* ``--merges drain``: ``schedule.merge_with_drain`` — each drain run merges the tables it brought
+  changes to (one run per cycle); ``table``: each table's sensor launches a merge run of its own;
 * a queued run coordinator that dequeues every second, pools of one (one drain, one writer per
   table), the default run launcher (a process per run);
 * ``connect``: ``spark.remote`` to a ``cdc-assets spark-server`` started first (a run opens a
   session, no JVM start); ``local``: ``spark.master: local[2]`` (each run starts its own Spark).
 
-``pgbench -R <rate> -T <minutes>`` (TPC-B: every transaction changes all three tables) writes the
+Each (runtime, merges) pair is measured in turn, on a fresh server. ``pgbench -R <rate> -T <minutes>`` (TPC-B: every transaction changes all three tables) writes the
 load; every 10 s each table's **freshness** is sampled: now minus the source commit time of the
 newest transaction its Delta table has applied (its applied LSN, read from the Delta log with
 delta-rs, against the change log's transactions). Samples of the first ``--warmup`` seconds of
 the load are left out (the pipeline's first cycle under load); a later sample taken before a table
 applied any transaction of the load counts as the time since the load began. Reported per runtime and table:
-p50, p95 and max freshness; the rate pgbench reached; the runs Dagster ran and how long they took.
+p50, p95 and max freshness; the rate pgbench reached; the runs Dagster ran — per kind (drain,
+drain with merges, merge) how many, the median time from the run's creation to its start (the
+queue and the launch: a process, Dagster's imports) and the median run time.
 
 Output: ``freshness.json`` and a table on standard output.
 """
@@ -89,14 +94,19 @@ def _last_at_or_below(values: list[int], limit: int) -> int | None:
     return low - 1 if low else None
 
 
-def write_files(work: Path, dsn_variable: str, spark: dict[str, Any]) -> dict[str, str]:
+def write_files(work: Path, dsn_variable: str, spark: dict[str, Any], merge_with_drain: bool) -> dict[str, str]:
     """The cdc-assets configuration, the Dagster instance and workspace; the environment to run in."""
     document = {
         "source": {"dsn": "${" + dsn_variable + "}", "publication": "fresh_pub", "slot": SLOT, "heartbeat": True},
         "changelog": {"path": "./changelog"},
         "warehouse": {"path": "./warehouse"},
         "spark": spark,
-        "schedule": {"drain_lag_bytes": 1, "drain_check_seconds": 5, "merge_check_seconds": 5},
+        "schedule": {
+            "drain_lag_bytes": 1,
+            "drain_check_seconds": 5,
+            "merge_check_seconds": 5,
+            "merge_with_drain": merge_with_drain,
+        },
         "tables": {name: {} for name in TABLES},
     }
     (work / "cdc.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
@@ -190,29 +200,38 @@ def _rounded(value: float | None) -> float | None:
 
 
 def run_figures(home: Path) -> dict[str, Any]:
-    """The runs Dagster ran: how many per kind (drain, merge), failures, median duration."""
+    """The runs Dagster ran, per kind (drain, drain+merge, merge): how many, the median wait from
+    creation to start and the median run time; and how many failed."""
     os.environ["DAGSTER_HOME"] = str(home)
     import dagster as dg
 
     with dg.DagsterInstance.get() as instance:
         records = instance.get_run_records()
-    kinds: dict[str, list[float]] = {}
+    kinds: dict[str, list[tuple[float, float]]] = {}
     failed = 0
     for record in records:
-        run = record.dagster_run
-        kind = "drain" if "cdc/drain" in run.tags else "merge" if "cdc/table" in run.tags else "other"
-        if run.status == dg.DagsterRunStatus.FAILURE:
+        tags = record.dagster_run.tags
+        kind = "drain+merge" if "cdc/merges" in tags else "drain" if "cdc/drain" in tags else "merge"
+        if record.dagster_run.status == dg.DagsterRunStatus.FAILURE:
             failed += 1
         if record.start_time and record.end_time:
-            kinds.setdefault(kind, []).append(record.end_time - record.start_time)
+            waited = record.start_time - record.create_timestamp.timestamp()
+            kinds.setdefault(kind, []).append((waited, record.end_time - record.start_time))
     return {
         "failed": failed,
-        "runs": {kind: {"count": len(d), "median_s": round(statistics.median(d), 2)} for kind, d in kinds.items()},
+        "runs": {
+            kind: {
+                "count": len(runs),
+                "median_wait_s": round(statistics.median(w for w, _ in runs), 2),
+                "median_s": round(statistics.median(r for _, r in runs), 2),
+            }
+            for kind, runs in kinds.items()
+        },
     }
 
 
-def measure(runtime: str, args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix=f"cdc-fresh-{runtime}-"))
+def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"cdc-fresh-{runtime}-{merges}-"))
     cluster = common.start_cluster(args.pg)
     processes: list[subprocess.Popen[bytes]] = []
     try:
@@ -224,7 +243,7 @@ def measure(runtime: str, args: argparse.Namespace) -> dict[str, Any]:
         env = {
             **os.environ,
             "CDC_SOURCE_DSN": cluster.dsn(),
-            **write_files(work, "CDC_SOURCE_DSN", spark | {"conf": conf}),
+            **write_files(work, "CDC_SOURCE_DSN", spark | {"conf": conf}, merges == "drain"),
         }
         if runtime == "connect":
             server = [sys.executable, "-m", "cdc_assets", "spark-server", "--port", str(port), "--master", "local[2]"]
@@ -240,7 +259,9 @@ def measure(runtime: str, args: argparse.Namespace) -> dict[str, Any]:
         sampler = Sampler(config)
         load_started = time.time()
         sampler.start()
-        print(f"[freshness] {runtime}: pgbench at {args.rate} tx/s for {args.minutes} min", flush=True)
+        print(
+            f"[freshness] {runtime}, merges by {merges}: pgbench at {args.rate} tx/s for {args.minutes} min", flush=True
+        )
         pgbench_s = common.pgbench(
             cluster, "-n", "-c", "4", "-j", "2", "-R", str(args.rate), "-T", str(round(args.minutes * 60))
         )
@@ -283,13 +304,18 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--runtimes", default="connect,local")
+    parser.add_argument("--merges", default="drain,table", help="drain: merge_with_drain; table: a run per table")
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument("--out", default="freshness-out")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     code = common.code_version()
-    results = {runtime: measure(runtime, args) for runtime in args.runtimes.split(",")}
+    results = {
+        f"{runtime}/{merges}": measure(runtime, merges, args)
+        for runtime in args.runtimes.split(",")
+        for merges in args.merges.split(",")
+    }
     common.write_json(
         str(out / "freshness.json"),
         {"args": vars(args), "machine": common.machine(), "code": code, "results": results},
@@ -299,7 +325,7 @@ def main() -> int:
         for runtime, r in results.items()
         for table, t in r["tables"].items()
     ]
-    print(common.table(["runtime", "table", "p50 (s)", "p95 (s)", "max (s)", "samples", "tx/s logged"], rows))
+    print(common.table(["runtime/merges", "table", "p50 (s)", "p95 (s)", "max (s)", "samples", "tx/s logged"], rows))
     for runtime, r in results.items():
         print(f"{runtime}: Dagster runs {r['dagster']['runs']}, failed {r['dagster']['failed']}")
     return 0

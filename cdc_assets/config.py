@@ -118,14 +118,17 @@ class ScheduleConfig:
 
     ``drain_lag_bytes``: besides the cron, a sensor requests a drain whenever the slot is at least
     this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``;
-    each table's merge sensor looks every ``merge_check_seconds``. A mirror whose last
-    materialization is ``freshness_minutes`` old fails its freshness policy (warns at half)."""
+    each table's merge sensor looks every ``merge_check_seconds``. ``merge_with_drain``: each drain
+    run also merges every table the drain brought changes to (one run per cycle, not one per
+    table). A mirror whose last materialization is ``freshness_minutes`` old fails its freshness
+    policy (warns at half)."""
 
     drain_cron: str = "*/5 * * * *"
     max_lag_bytes: int = 1 << 30
     drain_lag_bytes: int | None = None
     drain_check_seconds: int = 30
     merge_check_seconds: int = 30
+    merge_with_drain: bool = False
     freshness_minutes: int = 30
 
 
@@ -480,6 +483,7 @@ class _Reader:
             drain_lag_bytes=None if lag is None else schedule.positive("drain_lag_bytes", 1),
             drain_check_seconds=schedule.positive("drain_check_seconds", 30),
             merge_check_seconds=schedule.positive("merge_check_seconds", 30),
+            merge_with_drain=schedule.flag("merge_with_drain", False),
             freshness_minutes=schedule.positive("freshness_minutes", 30),
         )
         schedule.done()

@@ -8,6 +8,7 @@ Pools keep one drain per slot and one writer per Delta table at a time (set the 
 ``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
 """
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import dagster as dg
@@ -15,6 +16,7 @@ from dagster import AssetExecutionContext
 
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
 from cdc_assets.apply.table_files import table_files
+from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.drain import DrainProgress, DrainResult, drain
@@ -23,6 +25,7 @@ from cdc_assets.history import history_rows, write_history
 from cdc_assets.lsn import format_lsn
 from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
 from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.run_tags import MERGES_TAG
 from dagster_project.settings import Settings
 
 CHANGELOG_KEY = dg.AssetKey(["cdc", "changelog"])
@@ -113,15 +116,24 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         freshness_policy=dg.FreshnessPolicy.time_window(fail_window=fresh, warn_window=fresh / 2),
         description=f"Delta mirror of {name} at {settings.config.target_path(table)}, merged from the change log.",
         metadata={"source_table": name, "dagster/uri": settings.config.target_path(table)},
+        output_required=False,  # see below
     )
-    def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
+    def mirror(
+        context: AssetExecutionContext, source: CdcSource, spark: SparkResource
+    ) -> Iterator[dg.MaterializeResult[None]]:
         config = source.config()
         reader = ChangeLogReader(config.changelog_store())
         checkpoint = reader.require_checkpoint()
+        state = checkpoint.tables.get(name)
+        if MERGES_TAG in context.run.tags and (state is None or state.held_by(table_applied_lsn(config, table))):
+            # A drain run that merges (schedule.merge_with_drain) holds every mirror: one its drain
+            # brought nothing to is left unmaterialized, and its sensor keeps it fresh.
+            context.log.info(f"{name}: the drain brought no change to merge")
+            return
         session = spark.session()
         result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
         context.log.info(result.summary())
-        return dg.MaterializeResult(metadata=table_metadata(result, _row_count(session, config, table)))
+        yield dg.MaterializeResult(metadata=table_metadata(result, _row_count(session, config, table)))
 
     return mirror
 

@@ -11,9 +11,18 @@ mirror is current as of the new checkpoint — at most every sixth of ``schedule
 — since the mirror's freshness policy counts materializations only: an idle table stays fresh,
 and a table whose drain or merge stops goes stale.
 
+A table's sensor requests nothing while a merge of the table is queued or running (its runs carry
+``cdc/table``): a run merges everything the log holds when it starts, so a second one queued
+behind it would only repeat its fixed costs.
+
 The drain sensor reads one row of ``pg_replication_slots`` and asks for a drain when the slot is
 ``drain_lag_bytes`` behind and no drain of the slot is queued or running (drain runs carry the
 ``cdc/drain`` tag): the drain then follows the writes instead of the clock.
+
+With ``schedule.merge_with_drain`` the drain's job also holds every mirror (and its lag check): a
+drain run merges, after draining, each table the drain brought changes to — one run per cycle
+instead of one per table, for the lowest latency — and the tables' sensors request a merge of
+their own only while no such run is queued or running (to catch up what a failed run left).
 
 Each launches a job of its own (:func:`automation_job`) whose steps run in the run's process: the
 default multiprocess executor would start one more Python process per step before any work.
@@ -24,7 +33,7 @@ from dagster import SensorEvaluationContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._time import get_current_timestamp  # the clock that stamps Dagster's events
 
-from cdc_assets.apply.target import app_id, applied_lsn
+from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
@@ -32,9 +41,9 @@ from cdc_assets.source.connection import connect
 from cdc_assets.source.slots import read_slot
 from dagster_project.assets import table_slug
 from dagster_project.resources import CdcSource
+from dagster_project.run_tags import DRAIN_TAG, MERGES_TAG, TABLE_TAG
 from dagster_project.settings import Settings
 
-DRAIN_TAG = "cdc/drain"  # on every drain run: the slot it drains
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -46,14 +55,31 @@ IN_FLIGHT = [
 def automation_job(
     name: str, selection: dg.AssetSelection | list[dg.AssetsDefinition], tags: dict[str, str] | None = None
 ) -> UnresolvedAssetJobDefinition:
-    """A job that a schedule or sensor launches, executed in the run's own process (one step at a
-    time; these jobs have one asset each)."""
+    """A job that a schedule or sensor launches, executed in the run's own process, one step at a
+    time (one asset each; the drain's job with ``merge_with_drain``: the drain, then the mirrors)."""
     return dg.define_asset_job(name, selection=selection, executor_def=dg.in_process_executor, tags=tags)
 
 
-def build_drain_job(settings: Settings, changelog: dg.AssetsDefinition) -> UnresolvedAssetJobDefinition:
-    """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``."""
-    return automation_job("cdc_drain", [changelog], tags={DRAIN_TAG: settings.config.source.slot})
+def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
+    """A merge: the mirror and its cheap lag check; not the parity check, which scans the whole
+    source table (and drains the slot): that runs on demand, not after every merge."""
+    return dg.AssetSelection.assets(mirror).without_checks() | dg.AssetSelection.checks(
+        dg.AssetCheckKey(mirror.key, "lag")
+    )
+
+
+def build_drain_job(
+    settings: Settings, changelog: dg.AssetsDefinition, mirrors: list[dg.AssetsDefinition]
+) -> UnresolvedAssetJobDefinition:
+    """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``.
+    With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``)."""
+    slot = settings.config.source.slot
+    if not settings.config.schedule.merge_with_drain:
+        return automation_job("cdc_drain", [changelog], tags={DRAIN_TAG: slot})
+    selection: dg.AssetSelection = dg.AssetSelection.assets(changelog)
+    for mirror in mirrors:
+        selection = selection | merge_selection(mirror)
+    return automation_job("cdc_drain", selection, tags={DRAIN_TAG: slot, MERGES_TAG: slot})
 
 
 def build_drain_schedule(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
@@ -96,32 +122,32 @@ def build_drain_sensor(settings: Settings, job: UnresolvedAssetJobDefinition, la
 def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.AssetsDefinition) -> dg.SensorDefinition:
     config = settings.config
     name = str(table.name)
-    path = config.target_path(table)
-    app = app_id(config.source.slot, name)
     slug = table_slug(table)
     confirm_every_s = config.schedule.freshness_minutes * 60 / 6
-
-    # The merge and its cheap lag check; not the parity check, which scans the whole source
-    # table (and drains the slot): that runs on demand, not after every merge.
-    merge = dg.AssetSelection.assets(mirror).without_checks() | dg.AssetSelection.checks(
-        dg.AssetCheckKey(mirror.key, "lag")
-    )
+    in_flight = [({TABLE_TAG: slug}, f"a merge of {name} is queued or running")]
+    if config.schedule.merge_with_drain:
+        in_flight.append(
+            ({MERGES_TAG: config.source.slot}, f"a drain run, which merges {name} too, is queued or running")
+        )
 
     @dg.sensor(
         name=f"cdc_merge__{slug}",
-        target=automation_job(f"cdc_merge__{slug}", merge, tags={"cdc/table": slug}),
+        target=automation_job(f"cdc_merge__{slug}", merge_selection(mirror), tags={TABLE_TAG: slug}),
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",
     )
     def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        for tags, busy in in_flight:
+            if context.instance.get_runs_count(dg.RunsFilter(tags=tags, statuses=IN_FLIGHT)):
+                return dg.SkipReason(busy)
         checkpoint = read_checkpoint(config.changelog_store())
         state = checkpoint.tables.get(name) if checkpoint else None
         if checkpoint is None or state is None:
             return dg.SkipReason(f"the change log holds nothing for {name} yet")
-        applied = applied_lsn(path, app, config.delta_storage_options)
+        applied = table_applied_lsn(config, table)
         requested = int(context.cursor) if context.cursor else -1
-        if applied is not None and state.last_change_lsn <= applied:
+        if applied is not None and state.held_by(applied):
             return confirm_current(context, mirror.key, name, applied, checkpoint.lsn, requested, confirm_every_s)
         if checkpoint.lsn <= requested:
             return dg.SkipReason(f"a merge up to {format_lsn(requested)} was already requested")

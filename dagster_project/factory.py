@@ -30,7 +30,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
     maintenance = {table.name: build_maintenance_asset(settings, table) for table in config.tables}
     lag = config.schedule.drain_lag_bytes
-    drain = build_drain_job(settings, changelog)
+    drain = build_drain_job(settings, changelog, list(mirrors.values()))
     drain_sensors = [] if lag is None else [build_drain_sensor(settings, drain, lag)]
     return dg.Definitions(
         assets=[

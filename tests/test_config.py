@@ -49,6 +49,14 @@ def test_design_example_parses_with_defaults_and_resolved_paths() -> None:
     assert config.table('"Odd Schema"."a.b"').truncate == "ignore"
     assert config.spark.conf == {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
     assert config.schedule.drain_cron == "*/5 * * * *"
+    assert config.schedule.merge_with_drain is False
+
+
+def test_merge_with_drain_is_a_flag() -> None:
+    merging = parse(EXAMPLE + "schedule: {merge_with_drain: true}\n", CDC_SOURCE_DSN="x")
+    assert merging.schedule.merge_with_drain is True
+    with pytest.raises(ConfigError, match=r"schedule.merge_with_drain: expected true or false, got 'yes please'"):
+        parse(EXAMPLE + "schedule: {merge_with_drain: yes please}\n", CDC_SOURCE_DSN="x")
 
 
 def test_table_names_quote_and_default_schema() -> None:

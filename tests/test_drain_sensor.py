@@ -26,20 +26,27 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> Any:
     return sensor, sensor.evaluate_tick(context)
 
 
-def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
-    pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    folder = tmp_path / "lag"
+def source_with_schedule(
+    db: Database, folder: Path, monkeypatch: pytest.MonkeyPatch, slot: str, schedule: dict[str, Any]
+) -> dg.Definitions:
+    """The three tables set up with a drain sensor's ``schedule``; the code location loaded on them."""
     monkeypatch.setenv("CDC_CONFIG", str(folder / "cdc.yaml"))
-    monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
-    create_source(pg, folder, slot=SLOT)
+    monkeypatch.setenv(DSN_VARIABLE, db.dsn)
+    create_source(db, folder, slot=slot)
     document = yaml.safe_load((folder / "cdc.yaml").read_text())
-    document["schedule"] = {"drain_lag_bytes": LAG_BYTES, "drain_check_seconds": 10, "merge_check_seconds": 5}
+    document["schedule"] = schedule
     # a drain's logical message moves the slot past WAL that holds no published change (the
     # scratch table's rows below), which would otherwise keep the lag up drain after drain
     document["source"]["heartbeat"] = True
     (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    defs = load_code_location()
+    return load_code_location()
+
+
+def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
+    pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedule = {"drain_lag_bytes": LAG_BYTES, "drain_check_seconds": 10, "merge_check_seconds": 5}
+    defs = source_with_schedule(pg, tmp_path / "lag", monkeypatch, SLOT, schedule)
     with dg.instance_for_test() as instance:
         sensor, quiet = tick(defs, instance)
         assert sensor.minimum_interval_seconds == 10

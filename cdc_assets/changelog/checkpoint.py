@@ -49,6 +49,10 @@ class TableState:
     snapshot_run: SnapshotRunRef | None = None
     folded: Folded | None = None
 
+    def held_by(self, applied: int | None) -> bool:
+        """Whether a Delta table whose applied LSN is ``applied`` holds every change logged for it."""
+        return applied is not None and self.last_change_lsn <= applied
+
 
 @dataclass(slots=True, frozen=True)
 class PreparedEntry:

@@ -1,0 +1,113 @@
+"""``schedule.merge_with_drain``: the drain's run also merges each table its drain brought changes
+to, and the tables' own sensors stand back while such a run (or a merge of their table) is queued
+or running — evaluated as the daemon does, against a real PostgreSQL slot, the test run's Spark
+session and a Dagster instance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from cdc_assets.apply.target import table_applied_lsn
+from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.config import Config, load_config
+from cdc_assets.drain import drain
+from tests.conftest import Database
+from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES
+from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
+from tests.test_drain_sensor import source_with_schedule
+
+CUSTOMERS, ORDERS, NOTES = TABLES
+SLOT = "cdc_merging_drain_slot"
+MIRRORS = {t: dg.AssetKey(["delta", *t.split(".")]) for t in TABLES}
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance, name: str) -> Any:
+    sensor = defs.resolve_sensor_def(name)
+    context = dg.build_sensor_context(instance=instance, definitions=defs, resources=dict(defs.resources or {}))
+    return sensor.evaluate_tick(context)
+
+
+def drain_run(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.ExecuteInProcessResult:
+    """What the drain sensor requests, executed as the daemon would launch it."""
+    [request] = tick(defs, instance, "cdc_drain_on_lag").run_requests
+    job = defs.resolve_job_def("cdc_drain")
+    result = job.execute_in_process(instance=instance, tags={**request.tags, "dagster/run_key": request.run_key})
+    assert result.success
+    return result
+
+
+def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
+    """The tables whose mirrors ``result`` materialized."""
+    keys = [e.asset_key for e in result.get_asset_materialization_events()]
+    return {".".join(k.path[1:]) for k in keys if k is not None and k.path[0] == "delta"}
+
+
+def assert_equal_to_source(db: Database, config: Config) -> None:
+    for table in TABLES:
+        delta, _ = split_metadata(rust_rows(config.target_path(config.table(table))))
+        with db.connect() as conn:
+            problem = difference(delta, source_rows(conn, table, ROW_FILTERS.get(table)), ("Delta", "the source"))
+        assert not problem, f"{table}: {problem}"
+
+
+def test_a_drain_run_merges_the_tables_it_brought_changes_to(
+    pg: Database, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "merging"
+    defs = source_with_schedule(pg, folder, monkeypatch, SLOT, {"drain_lag_bytes": 1, "merge_with_drain": True})
+    config = load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
+    job = defs.resolve_job_def("cdc_drain")
+    assert job.run_tags == {"cdc/drain": SLOT, "cdc/merges": SLOT} and job.executor_def.name == "in_process"
+    assert defs.resolve_schedule_def("cdc_drain_schedule").job_name == "cdc_drain"  # the cron's runs merge too
+
+    with dg.instance_for_test() as instance:
+        # Right after setup every table has its snapshot to load: the first drain run loads all three.
+        pg.execute("INSERT INTO public.scratch VALUES (1)")  # the slot behind
+        first = drain_run(defs, instance)
+        assert materialized(first) == set(TABLES)
+        checks = {(".".join(e.asset_key.path[1:]), e.check_name) for e in first.get_asset_check_evaluations()}
+        assert checks == {(t, "lag") for t in TABLES}  # each merge brings its lag check, not parity
+        assert_equal_to_source(pg, config)
+
+        # One table changes: the next drain run merges that table alone; the others are not
+        # materialized (their sensors keep them fresh).
+        pg.execute("UPDATE public.customers SET tier = 'gold' WHERE id = 1")
+        pg.execute("INSERT INTO public.customers VALUES (9, 'customer 9', 'bronze', DATE '2024-03-01')")
+        second = drain_run(defs, instance)
+        assert materialized(second) == {CUSTOMERS}
+        [event] = [e for e in second.get_asset_materialization_events() if e.asset_key == MIRRORS[CUSTOMERS]]
+        metadata = {k: v.value for k, v in event.materialization.metadata.items()}
+        assert (metadata["inserted"], metadata["updated"], metadata["deleted"]) == (1, 1, 0)
+        checkpoint = read_checkpoint(config.changelog_store())
+        assert checkpoint is not None
+        assert table_applied_lsn(config, config.table(CUSTOMERS)) == checkpoint.lsn
+        assert_equal_to_source(pg, config)
+
+        # While a drain run that merges is queued, no table sensor asks for a merge of its own.
+        pg.execute("UPDATE public.orders SET amount = 99 WHERE id = 1")
+        queued = instance.create_run_for_job(job, tags=job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED)
+        assert tick(defs, instance, "cdc_drain_on_lag").skip_message == f"a drain of slot {SLOT} is queued or running"
+        waiting = tick(defs, instance, "cdc_merge__public__orders")
+        assert not waiting.run_requests
+        assert waiting.skip_message == f"a drain run, which merges {ORDERS} too, is queued or running"
+        instance.report_run_canceled(queued)
+
+        # A drain run's merge failed, say: the table's sensor catches up, one merge run at a time.
+        drain(config)  # the change reaches the log, not the Delta table
+        [request] = tick(defs, instance, "cdc_merge__public__orders").run_requests
+        merge_job = defs.resolve_job_def("cdc_merge__public__orders")
+        pending = instance.create_run_for_job(
+            merge_job, tags=merge_job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED
+        )
+        behind = tick(defs, instance, "cdc_merge__public__orders")
+        assert not behind.run_requests and behind.skip_message == f"a merge of {ORDERS} is queued or running"
+        instance.report_run_canceled(pending)
+        result = merge_job.execute_in_process(
+            instance=instance, tags={**request.tags, "dagster/run_key": request.run_key}
+        )
+        assert result.success and materialized(result) == {ORDERS}
+        assert_equal_to_source(pg, config)

@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -199,8 +200,16 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
+def run_kind(tags: Mapping[str, str]) -> str:
+    """A run's kind by its tags: a drain (that merges, or not), a table's merge, or other (maintenance)."""
+    for tag, kind in (("cdc/merges", "drain+merge"), ("cdc/drain", "drain"), ("cdc/table", "merge")):
+        if tag in tags:
+            return kind
+    return "other"
+
+
 def run_figures(home: Path) -> dict[str, Any]:
-    """The runs Dagster ran, per kind (drain, drain+merge, merge): how many, the median wait from
+    """The runs Dagster ran, per kind (drain, drain+merge, merge, other): how many, the median wait from
     creation to start and the median run time; and how many failed."""
     os.environ["DAGSTER_HOME"] = str(home)
     import dagster as dg
@@ -210,8 +219,7 @@ def run_figures(home: Path) -> dict[str, Any]:
     kinds: dict[str, list[tuple[float, float]]] = {}
     failed = 0
     for record in records:
-        tags = record.dagster_run.tags
-        kind = "drain+merge" if "cdc/merges" in tags else "drain" if "cdc/drain" in tags else "merge"
+        kind = run_kind(record.dagster_run.tags)
         if record.dagster_run.status == dg.DagsterRunStatus.FAILURE:
             failed += 1
         if record.start_time and record.end_time:

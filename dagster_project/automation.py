@@ -138,9 +138,6 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",
     )
     def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-        for tags, busy in in_flight:
-            if context.instance.get_runs_count(dg.RunsFilter(tags=tags, statuses=IN_FLIGHT)):
-                return dg.SkipReason(busy)
         checkpoint = read_checkpoint(config.changelog_store())
         state = checkpoint.tables.get(name) if checkpoint else None
         if checkpoint is None or state is None:
@@ -149,6 +146,9 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         requested = int(context.cursor) if context.cursor else -1
         if applied is not None and state.held_by(applied):
             return confirm_current(context, mirror.key, name, applied, checkpoint.lsn, requested, confirm_every_s)
+        for tags, busy in in_flight:
+            if context.instance.get_runs_count(dg.RunsFilter(tags=tags, statuses=IN_FLIGHT)):
+                return dg.SkipReason(busy)
         if checkpoint.lsn <= requested:
             return dg.SkipReason(f"a merge up to {format_lsn(requested)} was already requested")
         return dg.SensorResult(

@@ -87,17 +87,22 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         assert table_applied_lsn(config, config.table(CUSTOMERS)) == checkpoint.lsn
         assert_equal_to_source(pg, config)
 
-        # While a drain run that merges is queued, no table sensor asks for a merge of its own.
+        # A change reaches the log but not the Delta table (a drain run's merge failed, say). While
+        # a drain run that merges is queued, the table's sensor asks for no merge of its own …
         pg.execute("UPDATE public.orders SET amount = 99 WHERE id = 1")
+        drain(config)
         queued = instance.create_run_for_job(job, tags=job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED)
         assert tick(defs, instance, "cdc_drain_on_lag").skip_message == f"a drain of slot {SLOT} is queued or running"
         waiting = tick(defs, instance, "cdc_merge__public__orders")
         assert not waiting.run_requests
         assert waiting.skip_message == f"a drain run, which merges {ORDERS} too, is queued or running"
+        # … while an idle table's sensor still goes on to its "current" path (which reports the
+        # mirror current once its last materialization is old enough: tests/test_mirror_freshness.py).
+        idle = tick(defs, instance, "cdc_merge__public__notes")
+        assert not idle.run_requests and (idle.skip_message or "").startswith(f"{NOTES} is up to date (applied ")
         instance.report_run_canceled(queued)
 
-        # A drain run's merge failed, say: the table's sensor catches up, one merge run at a time.
-        drain(config)  # the change reaches the log, not the Delta table
+        # Then the table's sensor catches up, one merge run at a time.
         [request] = tick(defs, instance, "cdc_merge__public__orders").run_requests
         merge_job = defs.resolve_job_def("cdc_merge__public__orders")
         pending = instance.create_run_for_job(

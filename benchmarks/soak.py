@@ -27,6 +27,7 @@ apply seconds, the Delta table's data files and deletion-vector files (its curre
 with delta-rs), the files in its ``_delta_log``, the change log's files and bytes on disk,
 maintenance seconds when it ran, and what the apply cost in CPU — this Python process's, the
 driver JVM's (every thread: tasks, Delta, the UI's listeners) and the JVM's garbage collections;
+the JIT's compilation seconds and the compiled code the JVM holds after it;
 every ``--read-every`` cycles the time of a full read (``sum(hash(*))`` over every row with
 Spark) and the driver's heap after a full collection. A *control* tells the session's drift from the
 table's: a copy of the maintained table made after the initial apply, which only every
@@ -162,6 +163,14 @@ class JvmGauges:
     def gc_s(self) -> float:
         return float(sum(bean.getCollectionTime() for bean in self._management().getGarbageCollectorMXBeans())) / 1e3
 
+    def jit_s(self) -> float:
+        return float(self._management().getCompilationMXBean().getTotalCompilationTime()) / 1e3
+
+    def code_cache_mb(self) -> float:
+        """Compiled code held now, over the JVM's code heaps (what ``-XX:ReservedCodeCacheSize`` bounds)."""
+        pools = self._management().getMemoryPoolMXBeans()
+        return float(sum(pool.getUsage().getUsed() for pool in pools if "nmethods" in pool.getName())) / 1e6
+
     def live_heap_mb(self) -> float:
         self.spark.sparkContext._jvm.java.lang.System.gc()
         return float(self._management().getMemoryMXBean().getHeapMemoryUsage().getUsed()) / 1e6
@@ -171,7 +180,7 @@ def one_cycle(spark: Any, pipeline: Pipeline, cycle: int, args: argparse.Namespa
     config = pipeline.config
     drained = drain(config)
     gauges = JvmGauges(spark)
-    jvm_cpu, gc, python_cpu = gauges.cpu_s(), gauges.gc_s(), time.process_time()
+    jvm_cpu, gc, jit, python_cpu = gauges.cpu_s(), gauges.gc_s(), gauges.jit_s(), time.process_time()
     started = time.perf_counter()
     applied = apply_tables(config, spark)
     record: dict[str, Any] = {
@@ -180,6 +189,8 @@ def one_cycle(spark: Any, pipeline: Pipeline, cycle: int, args: argparse.Namespa
         "apply_python_cpu_s": time.process_time() - python_cpu,
         "apply_jvm_cpu_s": gauges.cpu_s() - jvm_cpu,
         "apply_gc_s": gauges.gc_s() - gc,
+        "apply_jit_s": gauges.jit_s() - jit,
+        "code_cache_mb": gauges.code_cache_mb(),
         "records": sum(a.records for a in applied),
         "drained_transactions": drained.transactions,
     }
@@ -215,6 +226,9 @@ def summary(pipeline: Pipeline) -> dict[str, Any]:
         "apply_median_early_s": median("apply_s", early),
         "apply_median_last_s": median("apply_s", late),
         "apply_ratio": median("apply_s", late) / median("apply_s", early),
+        "jit_median_early_s": median("apply_jit_s", early),
+        "jit_median_last_s": median("apply_jit_s", late),
+        "code_cache_mb_max": max(c["code_cache_mb"] for c in cycles),
         "data_files_max_first_half": max(c["data_files"] for c in cycles[:half]),
         "data_files_max_second_half": max(c["data_files"] for c in cycles[half:]),
         "log_files_max_first_half": max(c["log_files"] for c in cycles[:half]),
@@ -243,6 +257,8 @@ def plot(pipelines: list[Pipeline], controls: list[tuple[int, float]], path: Pat
         ("delta_log_files", "files in _delta_log"),
         ("apply_jvm_cpu_s", "driver JVM CPU seconds per apply"),
         ("apply_gc_s", "driver GC seconds per apply"),
+        ("apply_jit_s", "driver JIT compilation seconds per apply"),
+        ("code_cache_mb", "driver compiled code held, MB"),
         ("live_heap_mb", "driver heap after a full GC, MB"),
     ]
     figure, axes = plt.subplots(len(panels), 1, figsize=(10, 3 * len(panels)), sharex=True)

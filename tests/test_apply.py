@@ -662,6 +662,17 @@ def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-unt
     mirror.check("public.cb")
 
 
+def test_the_driver_gets_a_code_cache_that_a_long_lived_session_does_not_fill() -> None:
+    """Each statement's generated classes are compiled by the JIT: the default code cache (240 MB)
+    fills in a session that lives for days, and the JVM then evicts and recompiles Spark's and
+    Delta's own code at every statement; a user's own size and options are kept."""
+    assert session_settings(SparkConfig())["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g"
+    theirs = SparkConfig(conf={"spark.driver.extraJavaOptions": "-Dx=1"})
+    assert session_settings(theirs)["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g -Dx=1"
+    sized = SparkConfig(conf={"spark.driver.extraJavaOptions": "-XX:ReservedCodeCacheSize=2g -Dx=1"})
+    assert session_settings(sized)["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=2g -Dx=1"
+
+
 @pytest.mark.slow
 def test_local_sessions_rebuild_delta_state_with_few_tasks() -> None:
     """Delta's default of 50 tasks to rebuild a table's state made every read and MERGE of a

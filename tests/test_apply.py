@@ -666,7 +666,9 @@ def test_the_driver_gets_a_code_cache_that_a_long_lived_session_does_not_fill() 
     """Each statement's generated classes are compiled by the JIT: the default code cache (240 MB)
     fills in a session that lives for days, and the JVM then evicts and recompiles Spark's and
     Delta's own code at every statement; a user's own size and options are kept."""
-    assert session_settings(SparkConfig())["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g"
+    settings = session_settings(SparkConfig())
+    assert settings["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g"
+    assert settings["spark.executor.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g"
     theirs = SparkConfig(conf={"spark.driver.extraJavaOptions": "-Dx=1"})
     assert session_settings(theirs)["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g -Dx=1"
     sized = SparkConfig(conf={"spark.driver.extraJavaOptions": "-XX:ReservedCodeCacheSize=2g -Dx=1"})

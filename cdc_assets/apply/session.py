@@ -98,23 +98,24 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
     if not os.environ.get("HOME"):
         settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
     settings.update(config.conf)
-    settings[DRIVER_JAVA_OPTIONS] = driver_java_options(config.conf.get(DRIVER_JAVA_OPTIONS, ""))
+    for key in JAVA_OPTIONS:
+        settings[key] = java_options(config.conf.get(key, ""))
     return settings
 
 
-DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 CODE_CACHE_OPTION = "-XX:ReservedCodeCacheSize="
 CODE_CACHE_SIZE = "1g"
 
 
-def driver_java_options(options: str) -> str:
-    """The driver JVM's options: ``options`` with a code cache of ``CODE_CACHE_SIZE`` unless they
-    set one.
+def java_options(options: str) -> str:
+    """A driver's or executor's JVM options: ``options`` with a code cache of ``CODE_CACHE_SIZE``
+    unless they set one.
 
     Every query compiles classes of its own (whole-stage code generation writes the query's
     literals — a MERGE's key bounds, a batch's keys — into the code), which the JIT compiles in
-    turn; in a session that lives for days the JVM's default code cache (240 MB) fills, and the JVM
-    then evicts compiled code that is not hot — Delta's and Spark's planning code, run once per
+    turn; in a JVM that lives for days the default code cache (240 MB) fills, and the JVM then
+    evicts compiled code that is not hot — Delta's and Spark's planning code, run once per
     statement — to compile it again at every statement (docs/architecture.md, "Spark Connect").
     """
     if CODE_CACHE_OPTION in options:

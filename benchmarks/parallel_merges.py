@@ -1,0 +1,194 @@
+"""Parallel merges benchmark: one apply over many tables, serial against ``spark.parallel_merges``.
+
+    python benchmarks/parallel_merges.py [--pg 16] [--tables 20] [--rows 100000] [--changes 1000]
+                                         [--rounds 6] [--parallel 4] [--out parallel.json]
+
+A throwaway PostgreSQL gets ``--tables`` tables of ``--rows`` rows each (bigint key, int,
+32-character text, numeric(12,2), timestamptz) in one publication; ``cdc_assets.setup.setup``
+copies them and one untimed apply writes the Delta tables, on one warm local Spark session
+(``spark.master`` ``local[2]``, the default). Each round then commits, per table, one transaction
+of ``--changes`` changes with random keys (80% updates of live keys, 10% deletes, 10% inserts of
+new keys), drains them (``cdc_assets.drain.drain``), and times one
+``cdc_assets.apply.runner.apply_tables`` over every table — with ``spark.parallel_merges`` 1
+(serial) or ``--parallel``, after one untimed round that warms the session up, the two taking
+turns in the order A B B A A B … so that a drift of the machine falls on both. The figure is the median apply of each setting and their ratio (target:
+parallel ≤ 0.6 × serial). Finally every Delta table is compared with its source
+(``cdc_assets.parity.check_parity``). Output: the table of rounds and the verdict; ``--out``: JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import _common as common
+import numpy as np
+import psycopg
+from maintenance import cycle_changes
+
+from cdc_assets.apply.runner import apply_tables
+from cdc_assets.apply.session import quiet_start, spark_session
+from cdc_assets.config import Config, load_config
+from cdc_assets.drain import drain
+from cdc_assets.parity import check_parity
+from cdc_assets.setup import setup
+
+PUBLICATION = "parallel_pub"
+CREATE = """
+CREATE TABLE {name} (
+    id bigint PRIMARY KEY,
+    k integer NOT NULL,
+    label text NOT NULL,
+    amount numeric(12, 2),
+    updated timestamptz NOT NULL
+);
+INSERT INTO {name}
+SELECT g, g % 1000, md5(g::text), (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s'
+FROM generate_series(1, {rows}) AS g"""
+CHANGES = (
+    "UPDATE {name} SET k = k + 1, amount = amount + 1, updated = now() WHERE id = ANY(%(updates)s::int8[])",
+    "DELETE FROM {name} WHERE id = ANY(%(deletes)s::int8[])",
+    "INSERT INTO {name} SELECT g, g %% 1000, md5(g::text), 1.00, now() FROM unnest(%(inserts)s::int8[]) AS g",
+)
+
+
+def table_names(count: int) -> list[str]:
+    return [f"t{i:02d}" for i in range(1, count + 1)]
+
+
+def write_config(folder: Path, dsn: str, names: list[str]) -> Config:
+    document = {
+        "source": {"dsn": dsn, "publication": PUBLICATION, "slot": "parallel_merges"},
+        "changelog": {"path": str(folder / "changelog")},
+        "warehouse": {"path": str(folder / "warehouse")},
+        "tables": {f"public.{name}": {} for name in names},
+    }
+    path = folder / "cdc.yaml"
+    path.write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
+    return load_config(path)
+
+
+def with_parallel_merges(config: Config, merges: int) -> Config:
+    return replace(config, spark=replace(config.spark, parallel_merges=merges))
+
+
+def settings_order(rounds: int, parallel: int) -> list[int]:
+    """``parallel_merges`` per round: 1, p, p, 1, 1, p, … (each setting first as often as second)."""
+    pattern = [1, parallel, parallel, 1]
+    return [pattern[i % 4] for i in range(rounds)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pg", type=int, default=16)
+    parser.add_argument("--tables", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--changes", type=int, default=1_000)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--parallel", type=int, default=4)
+    parser.add_argument("--out", help="write the results to this JSON file")
+    args = parser.parse_args()
+    code = common.code_version()
+    names = table_names(args.tables)
+    work = Path(tempfile.mkdtemp(prefix="cdc-parallel-"))
+    cluster = common.start_cluster(args.pg)
+    try:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            for name in names:
+                conn.execute(CREATE.format(name=name, rows=args.rows))
+            conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {', '.join(names)}")
+            conn.execute("VACUUM ANALYZE")
+        config = write_config(work, cluster.dsn(), names)
+        setup(config)
+        with quiet_start():
+            spark = spark_session(config.spark, "cdc-assets-parallel-merges")
+        apply_tables(config, spark)  # the initial copy, not timed
+        rng = np.random.default_rng(20261127)
+        live = {name: np.arange(1, args.rows + 1, dtype=np.int64) for name in names}
+        next_key = dict.fromkeys(names, args.rows + 1)
+        before = common.load_snapshot()
+        rounds: list[dict[str, Any]] = []
+        with psycopg.connect(cluster.dsn()) as conn:
+            for number, merges in enumerate([args.parallel, *settings_order(args.rounds, args.parallel)]):
+                for name in names:
+                    ops, keys = cycle_changes(live[name], next_key[name], args.changes, rng)
+                    chosen = {op: keys[ops == op].tolist() for op in ("update", "delete", "insert")}
+                    values = {"updates": chosen["update"], "deletes": chosen["delete"], "inserts": chosen["insert"]}
+                    with conn.transaction():
+                        for statement in CHANGES:
+                            conn.execute(statement.format(name=name), values)
+                    live[name] = np.setdiff1d(
+                        np.concatenate([live[name], np.asarray(chosen["insert"], np.int64)]),
+                        np.asarray(chosen["delete"], np.int64),
+                    )
+                    next_key[name] += len(chosen["insert"])
+                drained = drain(config)
+                started = time.perf_counter()
+                applied = apply_tables(with_parallel_merges(config, merges), spark)
+                seconds = time.perf_counter() - started
+                records = sum(a.records for a in applied)
+                if number:  # round 0 warms the session up (the JIT, Delta's caches) and is not counted
+                    rounds.append({"round": number, "parallel_merges": merges, "apply_s": seconds, "records": records})
+                print(
+                    f"[parallel] round {number or 'warm-up'}: {drained.total_changes:,} changes drained;"
+                    f" parallel_merges {merges}: {len(applied)} tables, {records:,} records applied in {seconds:.2f} s",
+                    flush=True,
+                )
+        after = common.load_snapshot()
+        medians = {
+            merges: statistics.median(r["apply_s"] for r in rounds if r["parallel_merges"] == merges)
+            for merges in (1, args.parallel)
+        }
+        ratio = medians[args.parallel] / medians[1]
+        parity = {name: check_parity(config, config.table(f"public.{name}"), spark).ok for name in names}
+        print()
+        print(
+            common.table(
+                ["parallel_merges", "applies", "median s", "each (s)"],
+                [
+                    (
+                        merges,
+                        sum(1 for r in rounds if r["parallel_merges"] == merges),
+                        f"{medians[merges]:.2f}",
+                        ", ".join(f"{r['apply_s']:.2f}" for r in rounds if r["parallel_merges"] == merges),
+                    )
+                    for merges in (1, args.parallel)
+                ],
+            )
+        )
+        verdict = "PASS" if ratio <= 0.6 else "FAIL"
+        print(
+            f"\n{args.tables} tables x {args.changes:,} changes: parallel_merges {args.parallel} / serial = {ratio:.2f}"
+        )
+        print(f"target <= 0.6: {verdict}; parity: {sum(parity.values())} of {len(parity)} tables equal their source")
+        print(f"before: {common.describe_load(before)}\nafter: {common.describe_load(after)}")
+        print(common.describe_code(code, common.code_version()))
+        common.write_json(
+            args.out,
+            {
+                "args": vars(args),
+                "machine": common.machine(),
+                "code": code,
+                "rounds": rounds,
+                "medians_s": medians,
+                "ratio": ratio,
+                "parity": parity,
+                "load": {"before": before, "after": after},
+            },
+        )
+        return 0 if all(parity.values()) else 1
+    finally:
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

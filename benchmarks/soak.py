@@ -2,7 +2,7 @@
 
     python benchmarks/soak.py [--pg 16] [--rows 1000000] [--changes 1000] [--cycles 1000]
                               [--bare-cycles 100] [--maintain-every 12] [--retention-hours 0.1]
-                              [--read-every 100] [--out soak-out]
+                              [--read-every 100] [--conf KEY=VALUE] [--out soak-out]
 
 A throwaway PostgreSQL gets one table of ``--rows`` rows (bigint key, int, 32-character text,
 numeric(12,2), timestamptz). Two pipelines read it, each with its own slot, change log and
@@ -100,12 +100,13 @@ class Pipeline:
     cycles: list[dict[str, Any]] = field(default_factory=list)
 
 
-def write_config(folder: Path, dsn: str, name: str, retention_hours: float) -> Config:
+def write_config(folder: Path, dsn: str, name: str, retention_hours: float, spark_conf: dict[str, str]) -> Config:
     folder.mkdir(parents=True, exist_ok=True)
     document = {
         "source": {"dsn": dsn, "publication": PUBLICATION, "slot": f"soak_{name}"},
         "changelog": {"path": str(folder / "changelog"), "retention_hours": retention_hours},
         "warehouse": {"path": str(folder / "warehouse")},
+        "spark": {"conf": spark_conf},
         "tables": {TABLE: {}},
     }
     path = folder / "cdc.yaml"
@@ -291,7 +292,15 @@ def main() -> int:
     parser.add_argument("--retention-hours", type=float, default=0.1)
     parser.add_argument("--read-every", type=int, default=100)
     parser.add_argument("--out", default="soak-out")
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting of both pipelines' spark.conf (repeatable), e.g. to run without a default",
+    )
     args = parser.parse_args()
+    spark_conf = dict(item.partition("=")[::2] for item in args.conf)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     code = common.code_version()
@@ -305,9 +314,11 @@ def main() -> int:
             conn.execute("VACUUM ANALYZE soak")
         pipelines = [
             Pipeline(
-                "maintained", write_config(work / "maintained", cluster.dsn(), "maintained", args.retention_hours), True
+                "maintained",
+                write_config(work / "maintained", cluster.dsn(), "maintained", args.retention_hours, spark_conf),
+                True,
             ),
-            Pipeline("bare", write_config(work / "bare", cluster.dsn(), "bare", NO_RETENTION_HOURS), False),
+            Pipeline("bare", write_config(work / "bare", cluster.dsn(), "bare", NO_RETENTION_HOURS, spark_conf), False),
         ]
         for pipeline in pipelines:
             setup(pipeline.config)

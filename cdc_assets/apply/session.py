@@ -114,9 +114,10 @@ def java_options(options: str) -> str:
 
     Every query compiles classes of its own (whole-stage code generation writes the query's
     literals — a MERGE's key bounds, a batch's keys — into the code), which the JIT compiles in
-    turn; in a JVM that lives for days the default code cache (240 MB) fills, and the JVM then
-    evicts compiled code that is not hot — Delta's and Spark's planning code, run once per
-    statement — to compile it again at every statement (docs/architecture.md, "Spark Connect").
+    turn; in a JVM that lives for days that code takes most of the default code cache (240 MB),
+    and the fuller the cache, the more compiled code that is not hot the JVM evicts — Delta's and
+    Spark's planning code, run once per statement — to compile it again (docs/architecture.md,
+    "Spark Connect").
     """
     if CODE_CACHE_OPTION in options:
         return options

@@ -32,7 +32,7 @@ from typing import Any
 import _common as common
 import numpy as np
 import psycopg
-from maintenance import cycle_changes
+from soak import ChangingTable
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.apply.session import quiet_start, spark_session
@@ -42,22 +42,6 @@ from cdc_assets.parity import check_parity
 from cdc_assets.setup import setup
 
 PUBLICATION = "parallel_pub"
-CREATE = """
-CREATE TABLE {name} (
-    id bigint PRIMARY KEY,
-    k integer NOT NULL,
-    label text NOT NULL,
-    amount numeric(12, 2),
-    updated timestamptz NOT NULL
-);
-INSERT INTO {name}
-SELECT g, g % 1000, md5(g::text), (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s'
-FROM generate_series(1, {rows}) AS g"""
-CHANGES = (
-    "UPDATE {name} SET k = k + 1, amount = amount + 1, updated = now() WHERE id = ANY(%(updates)s::int8[])",
-    "DELETE FROM {name} WHERE id = ANY(%(deletes)s::int8[])",
-    "INSERT INTO {name} SELECT g, g %% 1000, md5(g::text), 1.00, now() FROM unnest(%(inserts)s::int8[]) AS g",
-)
 
 
 def table_names(count: int) -> list[str]:
@@ -102,8 +86,7 @@ def main() -> int:
     cluster = common.start_cluster(args.pg)
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-            for name in names:
-                conn.execute(CREATE.format(name=name, rows=args.rows))
+            tables = [ChangingTable.create(conn, name, args.rows) for name in names]
             conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE {', '.join(names)}")
             conn.execute("VACUUM ANALYZE")
         config = write_config(work, cluster.dsn(), names)
@@ -112,24 +95,12 @@ def main() -> int:
             spark = spark_session(config.spark, "cdc-assets-parallel-merges")
         apply_tables(config, spark)  # the initial copy, not timed
         rng = np.random.default_rng(20261127)
-        live = {name: np.arange(1, args.rows + 1, dtype=np.int64) for name in names}
-        next_key = dict.fromkeys(names, args.rows + 1)
         before = common.load_snapshot()
         rounds: list[dict[str, Any]] = []
         with psycopg.connect(cluster.dsn()) as conn:
             for number, merges in enumerate([args.parallel, *settings_order(args.rounds, args.parallel)]):
-                for name in names:
-                    ops, keys = cycle_changes(live[name], next_key[name], args.changes, rng)
-                    chosen = {op: keys[ops == op].tolist() for op in ("update", "delete", "insert")}
-                    values = {"updates": chosen["update"], "deletes": chosen["delete"], "inserts": chosen["insert"]}
-                    with conn.transaction():
-                        for statement in CHANGES:
-                            conn.execute(statement.format(name=name), values)
-                    live[name] = np.setdiff1d(
-                        np.concatenate([live[name], np.asarray(chosen["insert"], np.int64)]),
-                        np.asarray(chosen["delete"], np.int64),
-                    )
-                    next_key[name] += len(chosen["insert"])
+                for table in tables:
+                    table.commit_changes(conn, args.changes, rng)
                 drained = drain(config)
                 started = time.perf_counter()
                 applied = apply_tables(with_parallel_merges(config, merges), spark)

@@ -74,7 +74,7 @@ TABLE = "public.soak"
 NO_RETENTION_HOURS = 100_000.0
 PUBLICATION = "soak_pub"
 CREATE = """
-CREATE TABLE soak (
+CREATE TABLE {table} (
     id bigint PRIMARY KEY,
     k integer NOT NULL,
     label text NOT NULL,
@@ -82,14 +82,42 @@ CREATE TABLE soak (
     updated timestamptz NOT NULL
 )"""
 FILL = """
-INSERT INTO soak
+INSERT INTO {table}
 SELECT g, g % 1000, md5(g::text), (g % 100000) / 100.0, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 s'
 FROM generate_series(1, {rows}) AS g"""
 CHANGES = (
-    "UPDATE soak SET k = k + 1, amount = amount + 1, updated = now() WHERE id = ANY(%(updates)s::int8[])",
-    "DELETE FROM soak WHERE id = ANY(%(deletes)s::int8[])",
-    "INSERT INTO soak SELECT g, g %% 1000, md5(g::text), 1.00, now() FROM unnest(%(inserts)s::int8[]) AS g",
+    "UPDATE {table} SET k = k + 1, amount = amount + 1, updated = now() WHERE id = ANY(%(updates)s::int8[])",
+    "DELETE FROM {table} WHERE id = ANY(%(deletes)s::int8[])",
+    "INSERT INTO {table} SELECT g, g %% 1000, md5(g::text), 1.00, now() FROM unnest(%(inserts)s::int8[]) AS g",
 )
+
+
+@dataclass(slots=True)
+class ChangingTable:
+    """A source table of the soak's shape and the keys it holds: keys 1 to ``rows`` at first, then
+    changed one random-key transaction at a time."""
+
+    name: str
+    live: np.ndarray
+    next_key: int
+
+    @classmethod
+    def create(cls, conn: psycopg.Connection[Any], name: str, rows: int) -> ChangingTable:
+        conn.execute(CREATE.format(table=name))
+        conn.execute(FILL.format(table=name, rows=rows))
+        return cls(name, np.arange(1, rows + 1, dtype=np.int64), rows + 1)
+
+    def commit_changes(self, conn: psycopg.Connection[Any], changes: int, rng: np.random.Generator) -> None:
+        """One transaction of ``changes`` changes with random keys (``cycle_changes``: 80% updates of
+        live keys, 10% deletes of live keys, 10% inserts of new keys)."""
+        ops, keys = cycle_changes(self.live, self.next_key, changes, rng)
+        values = {f"{op}s": keys[ops == op].tolist() for op in ("update", "delete", "insert")}
+        with conn.transaction():
+            for statement in CHANGES:
+                conn.execute(statement.format(table=self.name), values)
+        inserted = np.asarray(values["inserts"], np.int64)
+        self.live = np.setdiff1d(np.concatenate([self.live, inserted]), np.asarray(values["deletes"], np.int64))
+        self.next_key += len(inserted)
 
 
 @dataclass(slots=True)
@@ -308,8 +336,7 @@ def main() -> int:
     cluster = common.start_cluster(args.pg)
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-            conn.execute(CREATE)
-            conn.execute(FILL.format(rows=args.rows))
+            source = ChangingTable.create(conn, "soak", args.rows)
             conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE soak")
             conn.execute("VACUUM ANALYZE soak")
         pipelines = [
@@ -332,20 +359,10 @@ def main() -> int:
         control_keys = np.random.default_rng(11)
         parity: dict[str, Parity] = {}
         rng = np.random.default_rng(7)
-        live = np.arange(1, args.rows + 1, dtype=np.int64)
-        next_key = args.rows + 1
         started = time.perf_counter()
         with psycopg.connect(cluster.dsn()) as conn:
             for cycle in range(1, args.cycles + 1):
-                ops, keys = cycle_changes(live, next_key, args.changes, rng)
-                updates, deletes, inserts = (keys[ops == op].tolist() for op in ("update", "delete", "insert"))
-                with conn.transaction():
-                    for statement in CHANGES:
-                        conn.execute(statement, {"updates": updates, "deletes": deletes, "inserts": inserts})
-                live = np.setdiff1d(
-                    np.concatenate([live, np.asarray(inserts, np.int64)]), np.asarray(deletes, np.int64)
-                )
-                next_key += len(inserts)
+                source.commit_changes(conn, args.changes, rng)
                 if cycle == args.bare_cycles + 1:
                     parity["bare"] = check_parity(pipelines[1].config, pipelines[1].config.tables[0], spark)
                     with psycopg.connect(cluster.dsn(), autocommit=True) as admin:

@@ -88,8 +88,9 @@ class TableFacts:
 
 
 class CpuMeter:
-    """CPU seconds of this process (all threads) and of the cluster's server processes (live
-    ones, plus what the postmaster has reaped from exited backends) between two readings."""
+    """CPU seconds of this process (all threads, and its copy workers once they have ended) and of
+    the cluster's server processes (live ones, plus what the postmaster has reaped from exited
+    backends) between two readings."""
 
     def __init__(self, cluster: ThrowawayCluster) -> None:
         pid = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
@@ -105,7 +106,7 @@ class CpuMeter:
             except psutil.NoSuchProcess:
                 continue
             server += child_times.user + child_times.system
-        return me.user + me.system, server
+        return me.user + me.system + me.children_user + me.children_system, server
 
     def measure(self, work: Callable[[], _T]) -> tuple[dict[str, float], _T]:
         before = {child.pid for child in self.postmaster.children()}

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_assets import drain as drain_module
-from cdc_assets.changelog.writer import RELATION_KEY
+from cdc_assets.changelog.segment_file import RELATION_KEY
 from cdc_assets.drain import DrainProgress
 from cdc_assets.errors import (
     CdcError,

@@ -18,11 +18,12 @@ from cdc_assets.errors import ConfigError, SourcePermissionError
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.messages import InsertMessage
 from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.snapshot_copy import RANGE_POSITIONS
 from cdc_assets.source import connect, create_slot_with_snapshot, load_type_catalog
 from cdc_assets.source.parallel_copy import RANGE_BLOCKS_MAX, RANGE_BLOCKS_MIN, BlockRange, ParallelCopy, block_ranges
 from cdc_assets.source.snapshot import SnapshotReader
 from tests.conftest import Database
-from tests.support.copied import sent_rows, typed_rows
+from tests.support.copied import KeptBlocks, sent_rows, typed_rows
 from tests.support.oracle import read_source_text
 from tests.support.peek import create_slot, peek_decoded, pgoutput_options
 from tests.support.pipeline import Pipeline, wait_until
@@ -85,8 +86,8 @@ def test_copied_values_are_what_pgoutput_sends(pg: Database) -> None:
             builders = {r.qualified_name: ChangeRecordBuilder(r, catalog) for r in relations}
             plans = [copy.plan(b.relation, b.binary_supported) for b in builders.values()]
             parallel: dict[str, list[list[pa.Array]]] = {str(t): [] for t in tables}
-            for plan, columns in copy.run(plans):
-                parallel[plan.relation.qualified_name].append(columns)
+            for task, blocks in copy.run(plans, KeptBlocks()):  # two tables: two worker processes
+                parallel[task.plan.relation.qualified_name].extend(blocks)
         with SnapshotReader(source, snapshot.snapshot_name, chunk_rows=2) as reader:
             chunked = {name: list(reader.chunks(b.relation, b.binary_supported)) for name, b in builders.items()}
     with connect(source, purpose="test") as conn:
@@ -164,7 +165,8 @@ def test_parallel_setup_equals_the_source(pg: Database, tmp_path: Path) -> None:
     positions = [
         p for chunk in pipe.reader.read_changes("public.big") for p in chunk.records.column("_cdc_position").to_pylist()
     ]
-    assert sorted(positions) == list(range(len(positions)))  # one numbering across the ranges
+    ranges = {p // RANGE_POSITIONS for p in positions}  # each range numbers its rows from its own base
+    assert len(set(positions)) == len(positions) and len(ranges) == len(block_ranges(_blocks(pg, "big"), 3))
     pg.execute(
         "UPDATE big SET pad = 'changed' WHERE id % 1000 = 1; DELETE FROM parent WHERE id % 500 = 0;"
         " UPDATE m SET region = 'us' WHERE id % 7 = 1 AND region = 'eu'; INSERT INTO empty VALUES (1)"

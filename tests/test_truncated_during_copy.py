@@ -28,6 +28,7 @@ from cdc_assets.source import ExportedSnapshot, create_slot_with_snapshot
 from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.source.snapshot import SnapshotReader
 from tests.conftest import Database
+from tests.support.copied import KeptBlocks
 from tests.support.pipeline import Pipeline
 
 TABLES = (
@@ -62,7 +63,7 @@ def test_a_table_truncated_after_the_snapshot_is_refused_and_a_locked_one_cannot
             relation = copy.reader.describe(parted)
             plan = copy.plan(relation, [True] * len(relation.columns))
             with pytest.raises(TableRewrittenError, match=r"table public\.parted \(parted_high\)"):
-                list(copy.run([plan]))
+                list(copy.run([plan], KeptBlocks()))
 
     with create_slot_with_snapshot(source, temporary=True) as exported:
         with SnapshotReader(source, exported.snapshot_name) as reader:

@@ -1,7 +1,8 @@
 """Names of the change log's files (see ``docs/architecture.md``, "The change log").
 
-A segment is ``<folder>/<batch start: 16 hex digits>-<part: 4 digits>.parquet``; names sort in
-log order. A batch's segments are valid once the checkpoint has moved past its start.
+A segment is ``<folder>/<batch start: 16 hex digits>-<part: at least 4 digits>.parquet``;
+:class:`SegmentName` sorts them in log order. A batch's segments are valid once the checkpoint has
+moved past its start.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ MESSAGES = "messages"
 PREPARED = "prepared"
 COPY_BATCH = 0  # a copy of whole tables (initial snapshot, online run, compacted base) is its log's batch 0
 
-_SEGMENT = re.compile(r"^([0-9A-F]{16})-(\d{4})\.parquet$")
+_SEGMENT = re.compile(r"^([0-9A-F]{16})-(\d{4,})\.parquet$")
 
 
 @dataclass(slots=True, frozen=True, order=True)

@@ -27,10 +27,10 @@ from cdc_assets.changelog.layout import (
     table_folder,
     table_of_folder,
 )
+from cdc_assets.changelog.segment_file import RELATION_KEY
 from cdc_assets.changelog.segment_stats import column_max
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef, run_store
 from cdc_assets.changelog.store import TEMPORARY_MARK, LogStore
-from cdc_assets.changelog.writer import RELATION_KEY
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.schema import RelationSchema
 

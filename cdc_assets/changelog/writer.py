@@ -10,31 +10,29 @@ its checkpoint leaves only files the next drain deletes.
 from __future__ import annotations
 
 import json
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import IO, Required, TypedDict
+from typing import Required, TypedDict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_assets.changelog.checkpoint import Checkpoint, PreparedEntry, TableState
-from cdc_assets.changelog.encoding import from_storage, storage_schema, to_storage
+from cdc_assets.changelog.encoding import from_storage, to_storage
 from cdc_assets.changelog.layout import MESSAGES, TRANSACTIONS, SegmentName, prepared_folder, table_folder
+from cdc_assets.changelog.segment_file import (
+    PARQUET_OPTIONS,
+    RELATION_KEY,
+    RowGroupEncoder,
+    SegmentFile,
+    relation_metadata,
+)
 from cdc_assets.changelog.snapshot_runs import SNAPSHOT_RUN_PREFIX, SnapshotRunAnnouncement, SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.messages import LogicalDecodingMessage
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.transactions import CommitInfo, PreparedTransaction, TransactionalMessage, with_commit_columns
-
-ROW_GROUP_ROWS = 131_072
-MAX_PENDING_ROW_GROUPS = 2
-# zstd without dictionaries (but for the operation): about a third faster to write than with
-# them, and smaller, for change records.
-PARQUET_OPTIONS: dict[str, object] = {"compression": "zstd", "use_dictionary": ["_cdc_op", "_cdc_old_kind"]}
-RELATION_KEY = b"cdc_assets.relation"
 
 TRANSACTION_SCHEMA = pa.schema(
     [
@@ -69,12 +67,7 @@ class _TableSegment:
 
     version: int
     relation: RelationSchema
-    writer: pq.ParquetWriter
-    handle: IO[bytes] | pa.NativeFile
-    name: str
-    buffered: list[pa.RecordBatch] = field(default_factory=list)
-    buffered_rows: int = 0
-    rows: int = 0
+    file: SegmentFile
 
 
 @dataclass(slots=True)
@@ -112,12 +105,10 @@ class BatchWriter:
         self._prepared = dict(checkpoint.prepared)
         self._resolved_prepared: list[str] = []  # folders to delete once the checkpoint is written
         self._segments: dict[str, _TableSegment] = {}
+        self._copied: set[str] = set()  # tables with segments written by a copy's workers
         self._parts: dict[str, int] = {}
         self._transactions = _TransactionLog()
-        # Row groups are encoded on a thread of their own (pyarrow releases the GIL), so the next
-        # rows are assembled meanwhile; at most a few row groups wait, in order.
-        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-parquet")
-        self._pending: deque[tuple[_TableSegment, Future[None]]] = deque()
+        self._encoder = RowGroupEncoder()
         self._messages: list[_MessageRow] = []
 
     # -- ChangeSink -----------------------------------------------------------------------------
@@ -127,10 +118,7 @@ class BatchWriter:
         segment = self._segment(table, relation, records.schema)
         if not records.num_rows:
             return  # the segment exists now, with the table's schema (an empty table's snapshot)
-        segment.buffered.append(records)
-        segment.buffered_rows += records.num_rows
-        if segment.buffered_rows >= ROW_GROUP_ROWS:
-            self._write_row_group(segment)
+        segment.file.add(records)
         last = int(np.max(records.column("_cdc_end_lsn").to_numpy()))
         state = self._tables[table]
         if last > state.last_change_lsn:
@@ -201,12 +189,12 @@ class BatchWriter:
     def close(self, lsn: int) -> Checkpoint:
         """Finish every file durably; return the checkpoint that makes this batch valid."""
         for segment in self._segments.values():
-            self._write_row_group(segment)
-        self._wait_for_writes()
+            segment.file.flush()
+        self._encoder.wait()
         self._encoder.shutdown()
         for segment in self._segments.values():
-            self._finish(segment)
-        for folder in {table_folder(t) for t in self._segments}:
+            segment.file.finish()
+        for folder in {table_folder(t) for t in self._tables if t in self._segments or t in self._copied}:
             self.store.sync_folder(folder)
         name = SegmentName(self.start.lsn, 0).file
         if self._transactions:
@@ -227,20 +215,31 @@ class BatchWriter:
 
     def abandon(self) -> None:
         """Close open files after a failure; they stay invalid and the next drain deletes them."""
-        self._encoder.shutdown(wait=True, cancel_futures=True)
+        self._encoder.shutdown(cancel=True)
         for segment in self._segments.values():
-            try:
-                segment.writer.close()
-                segment.handle.close()
-            except Exception:  # noqa: BLE001 - best effort after an earlier error
-                pass
+            segment.file.abandon()
+
+    # -- a copy's segments ------------------------------------------------------------------------
+
+    def copy_version(self, relation: RelationSchema) -> int:
+        """The schema version of ``relation``'s segments that a copy's workers write into this
+        batch (:meth:`copied_segment`), the table now known to the batch with these columns."""
+        return self._version(relation.qualified_name, relation)
+
+    def copied_segment(self, table: str, name: str, rows: int, last_lsn: int) -> None:
+        """Take ``name``, a whole and durable segment of ``table`` with ``rows`` records up to
+        ``last_lsn`` that a copy's worker wrote into this batch (after :meth:`copy_version`)."""
+        self._copied.add(table)
+        self.summary.files.append(name)
+        self.summary.changes[table] = self.summary.changes.get(table, 0) + rows
+        state = self._tables[table]
+        if rows and last_lsn > state.last_change_lsn:
+            self._tables[table] = replace(state, last_change_lsn=last_lsn)
 
     # -- pieces --------------------------------------------------------------------------------
 
-    def _segment(self, table: str, relation: RelationSchema, schema: pa.Schema) -> _TableSegment:
-        segment = self._segments.get(table)
-        if segment is not None and segment.relation == relation:
-            return segment
+    def _version(self, table: str, relation: RelationSchema) -> int:
+        """Record ``relation`` as the table's columns; return their schema version."""
         state = self._tables.get(table)
         if state is None:
             version = 1
@@ -251,54 +250,31 @@ class BatchWriter:
         self._tables[table] = (
             replace(state, schema_version=version, relation=relation) if state else TableState(0, version, relation)
         )
+        return version
+
+    def _segment(self, table: str, relation: RelationSchema, schema: pa.Schema) -> _TableSegment:
+        segment = self._segments.get(table)
+        if segment is not None and segment.relation == relation:
+            return segment
+        version = self._version(table, relation)
         if segment is not None:
             if segment.version == version:  # same columns, e.g. the table got a new OID
                 segment.relation = relation
                 return segment
-            self._write_row_group(segment)
-            self._wait_for_writes()
-            self._finish(segment)
+            segment.file.close()
         part = self._parts.get(table, -1) + 1
         self._parts[table] = part
         name = f"{table_folder(table)}/{SegmentName(self.start.lsn, part).file}"
-        handle = self.store.open_output(name)
-        writer = pq.ParquetWriter(
-            handle, storage_schema(schema.with_metadata(_metadata(relation, version))), **PARQUET_OPTIONS
+        file = SegmentFile(
+            self.store, name, schema.with_metadata(relation_metadata(relation, version)), self._encoder, table
         )
-        segment = self._segments[table] = _TableSegment(version, relation, writer, handle, name)
+        segment = self._segments[table] = _TableSegment(version, relation, file)
         self.summary.files.append(name)
         return segment
 
-    def _write_row_group(self, segment: _TableSegment) -> None:
-        if not segment.buffered:
-            return
-        table = to_storage(pa.Table.from_batches(segment.buffered))
-        self._pending.append(
-            (segment, self._encoder.submit(segment.writer.write_table, table, row_group_size=len(table)))
-        )
-        segment.rows += len(table)
-        segment.buffered, segment.buffered_rows = [], 0
-        while len(self._pending) > MAX_PENDING_ROW_GROUPS:
-            self._settle(*self._pending.popleft())
-
-    def _wait_for_writes(self) -> None:
-        while self._pending:
-            self._settle(*self._pending.popleft())
-
-    @staticmethod
-    def _settle(segment: _TableSegment, write: Future[None]) -> None:
-        try:
-            write.result()
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as error:
-            raise CdcError(f"cannot write change records of {segment.relation.qualified_name}: {error}") from None
-
-    def _finish(self, segment: _TableSegment) -> None:
-        segment.writer.close()
-        self.store.finish_output(segment.handle)
-
     def _write_file(self, name: str, table: pa.Table, relation: RelationSchema | None, version: int | None) -> None:
         if relation is not None:
-            table = table.replace_schema_metadata(_metadata(relation, version))
+            table = table.replace_schema_metadata(relation_metadata(relation, version))
         table = to_storage(table)
         with self.store.create(name) as sink:
             pq.write_table(table, sink, **PARQUET_OPTIONS)
@@ -397,8 +373,3 @@ class _TransactionLog:
         }
         arrays["commit_time"] = arrays["commit_time"].cast(TRANSACTION_SCHEMA.field("commit_time").type)
         return pa.table(arrays, schema=TRANSACTION_SCHEMA)
-
-
-def _metadata(relation: RelationSchema, version: int | None) -> dict[bytes, bytes]:
-    payload = relation.to_json() | ({"schema_version": version} if version is not None else {})
-    return {RELATION_KEY: json.dumps(payload).encode()}

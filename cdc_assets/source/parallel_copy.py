@@ -13,29 +13,40 @@ locks a table before its first range of it, until the worker ends
 fails the copy). Not the planning connection: holding a lock until every worker is done would
 deadlock with a TRUNCATE queued between it and a worker's own lock request.
 
-Workers take tasks (largest first) from one queue; the caller's thread gets each block of rows as
-``(plan, columns)`` from :meth:`ParallelCopy.run`, so what it does with them (convert, write)
-needs no locking. A worker's error stops the others and is raised in the caller's thread, naming
-the table.
+Workers take tasks — one range of one table, largest first — from one queue and hand each range's
+rows, a block at a time, to a :class:`RangeCopier` that does all the rest (convert, write): a copy
+costs the client more CPU than the server, so each worker is a process of its own, which receives,
+converts and writes on a core of its own without sharing an interpreter lock. One worker (or one
+range) copies in the caller's process. The caller gets each range's result and the rows as they
+come (``progress``); a worker's error stops the others and is raised in the caller, naming the
+table. On Linux a worker dies with the process that started it, so a killed copy leaves no worker
+writing on. Workers are started with ``spawn``: a script that copies needs the usual
+``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+import multiprocessing
+import os
+import pickle
 import queue
-import threading
-from collections.abc import Iterator, Sequence
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from types import TracebackType
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 import pyarrow as pa
 from psycopg import errors
 
 from cdc_assets.config import SourceConfig
-from cdc_assets.errors import DecodeError, SourceError, SourcePermissionError
+from cdc_assets.errors import CdcError, DecodeError, SourceError, SourcePermissionError
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.binary_copy import CopySelect, read_columns
 from cdc_assets.source.connection import one_row
@@ -101,17 +112,31 @@ class TablePlan:
 
 
 @dataclass(slots=True, frozen=True)
-class _Task:
+class CopyTask:
+    """One range of one table; ``number`` is the range's place among the table's ranges."""
+
     plan: TablePlan
     block_range: BlockRange
+    number: int
 
 
-@dataclass(slots=True, frozen=True)
-class _Failed:
-    error: BaseException
+_R = TypeVar("_R")
+_R_co = TypeVar("_R_co", covariant=True)
+Progress = Callable[[CopyTask, int], None]
+"""Called with a range and the rows of each block of it as they are copied."""
 
 
-_DONE = object()
+class RangeCopier(Protocol[_R_co]):
+    """What a worker does with a range's rows: ``blocks`` yields them a block at a time, one
+    binary array per column (:func:`~cdc_assets.source.binary_copy.read_columns`). Workers run in
+    processes of their own: a copier is picklable, and so is what it returns."""
+
+    def __call__(self, task: CopyTask, blocks: Iterator[list[pa.Array]]) -> _R_co: ...
+
+
+WORKER_POLL_S = 1.0
+"""How often the caller looks for a worker that died without a word (killed, out of memory)."""
+_PR_SET_PDEATHSIG = 1
 
 
 class ParallelCopy:
@@ -160,76 +185,151 @@ class ParallelCopy:
             tuple(block_ranges(int(blocks), self.workers)),
         )
 
-    def run(self, plans: Sequence[TablePlan]) -> Iterator[tuple[TablePlan, list[pa.Array]]]:
-        """Every row of the planned tables, a block at a time, as ``(plan, columns)``; blocks
-        of different tables and ranges interleave. Closing the iterator early stops the workers."""
-        tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
-        for task in sorted(
-            (_Task(plan, r) for plan in plans for r in plan.ranges), key=lambda t: -t.plan.blocks_of(t.block_range)
-        ):
-            tasks.put(task)
-        count = min(self.workers, tasks.qsize())
-        results: queue.Queue[Any] = queue.Queue(maxsize=2 * count)
-        stop = threading.Event()
-        threads = [
-            threading.Thread(target=self._work, args=(tasks, results, stop), name=f"cdc-copy-{i}", daemon=True)
-            for i in range(count)
-        ]
-        for thread in threads:
-            thread.start()
-        running = count
-        try:
-            while running:
-                item = results.get()
-                if item is _DONE:
-                    running -= 1
-                elif isinstance(item, _Failed):
-                    raise item.error
-                else:
-                    yield item
-        finally:
-            stop.set()
-            while running:  # take what the others still put, so none waits on a full queue
-                if results.get() is _DONE:
-                    running -= 1
-            for thread in threads:
-                thread.join()
-
-    def _work(self, tasks: queue.SimpleQueue[_Task], results: queue.Queue[Any], stop: threading.Event) -> None:
-        """One worker: its own connection into the snapshot, tasks until none is left."""
-        try:
+    def run(
+        self, plans: Sequence[TablePlan], copier: RangeCopier[_R], progress: Progress | None = None
+    ) -> Iterator[tuple[CopyTask, _R]]:
+        """Copy every range of the planned tables with ``copier``; yield each range with what
+        ``copier`` returned for it, in the order they finish. Closing the iterator early stops
+        the workers."""
+        tasks = sorted(
+            (CopyTask(plan, r, number) for plan in plans for number, r in enumerate(plan.ranges)),
+            key=lambda t: -t.plan.blocks_of(t.block_range),
+        )
+        report = progress or _ignore
+        if min(self.workers, len(tasks)) <= 1:
             with SnapshotReader(self.source, self.snapshot_name) as reader:
-                while not stop.is_set():
-                    try:
-                        task = tasks.get_nowait()
-                    except queue.Empty:
-                        return
-                    reader.lock(task.plan.relation)  # before its first range of the table
-                    self._copy_range(reader.connection, task, results, stop)
-        except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
-            results.put(_Failed(error))
-        finally:
-            results.put(_DONE)
+                for task in tasks:
+                    yield task, copy_range(reader, task, copier, report)
+            return
+        yield from _WorkerPool(self, tasks, copier, report).run(min(self.workers, len(tasks)))
 
-    @staticmethod
-    def _copy_range(
-        conn: psycopg.Connection[Any], task: _Task, results: queue.Queue[Any], stop: threading.Event
-    ) -> None:
-        relation = task.plan.relation
-        blocks = read_columns(conn, task.plan.query(task.block_range), len(relation.columns))
+
+def copy_range(reader: SnapshotReader, task: CopyTask, copier: RangeCopier[_R], progress: Progress) -> _R:
+    """One range, read by ``reader`` (which locks the table first) and given to ``copier``."""
+    reader.lock(task.plan.relation)
+    return copier(task, _range_blocks(reader.connection, task, progress))
+
+
+def _range_blocks(conn: psycopg.Connection[Any], task: CopyTask, progress: Progress) -> Iterator[list[pa.Array]]:
+    relation = task.plan.relation
+    blocks = read_columns(conn, task.plan.query(task.block_range), len(relation.columns))
+    try:
+        with closing(blocks):  # leaving early cancels the COPY
+            for columns in blocks:
+                progress(task, len(columns[0]) if columns else 0)
+                yield columns
+    except errors.InsufficientPrivilege as error:
+        raise SourcePermissionError(
+            f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
+        ) from None
+    except psycopg.Error as error:
+        raise SourceError(
+            f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
+        ) from None
+    except DecodeError as error:
+        raise SourceError(f"cannot copy table {relation.qualified_name}: {error}") from None
+
+
+def _ignore(task: CopyTask, rows: int) -> None:
+    """No progress wanted."""
+
+
+class _WorkerPool(Generic[_R]):
+    """Worker processes taking ``tasks`` (by index) from a queue and reporting on another:
+    ``("rows", index, rows)``, ``("copied", index, result)``, ``("failed", error)``, ``("exit",)``."""
+
+    def __init__(self, copy: ParallelCopy, tasks: list[CopyTask], copier: RangeCopier[_R], progress: Progress) -> None:
+        self.copy = copy
+        self.tasks = tasks
+        self.copier = copier
+        self.progress = progress
+
+    def run(self, count: int) -> Iterator[tuple[CopyTask, _R]]:
+        context = multiprocessing.get_context("spawn")
+        todo: Any = context.Queue()
+        events: Any = context.Queue()
+        for index, task in enumerate(self.tasks):
+            todo.put((index, task))
+        for _ in range(count):
+            todo.put(None)
+        workers = [
+            context.Process(
+                target=_work,
+                args=(self.copy.source, self.copy.snapshot_name, self.copier, todo, events, os.getpid()),
+                name=f"cdc-copy-{number}",
+                daemon=True,
+            )
+            for number in range(count)
+        ]
         try:
-            with closing(blocks):  # leaving early cancels the COPY
-                for columns in blocks:
-                    if stop.is_set():
-                        return
-                    results.put((task.plan, columns))
-        except errors.InsufficientPrivilege as error:
-            raise SourcePermissionError(
-                f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
-            ) from None
-        except psycopg.Error as error:
-            raise SourceError(
-                f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
-            ) from None
-        except DecodeError as error:
-            raise SourceError(f"cannot copy table {relation.qualified_name}: {error}") from None
+            for worker in workers:
+                worker.start()
+            running = count
+            while running:
+                try:
+                    event = events.get(timeout=WORKER_POLL_S)
+                except queue.Empty:
+                    self._check_alive(workers)
+                    continue
+                if event[0] == "rows":
+                    self.progress(self.tasks[event[1]], event[2])
+                elif event[0] == "copied":
+                    yield self.tasks[event[1]], event[2]
+                elif event[0] == "failed":
+                    raise event[1]
+                else:
+                    running -= 1
+        finally:
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+            for worker in workers:
+                if worker.pid is not None:
+                    worker.join()
+            for channel in (todo, events):
+                channel.cancel_join_thread()
+                channel.close()
+
+    def _check_alive(self, workers: Sequence[BaseProcess]) -> None:
+        for worker in workers:
+            if worker.exitcode is not None and worker.exitcode != 0:
+                raise SourceError(
+                    f"copy worker {worker.name} (pid {worker.pid}) of replication slot {self.copy.source.slot}'s"
+                    f" snapshot ended without a word (exit code {worker.exitcode}: killed, or out of memory?)"
+                )
+
+
+def _work(
+    source: SourceConfig, snapshot_name: str, copier: RangeCopier[Any], todo: Any, events: Any, parent: int
+) -> None:
+    """A worker process: its own connection into the snapshot, tasks until none is left."""
+    _die_with(parent)
+    try:
+
+        def rows(task: CopyTask, count: int) -> None:
+            events.put(("rows", index, count))
+
+        with SnapshotReader(source, snapshot_name) as reader:
+            while (item := todo.get()) is not None:
+                index, task = item
+                events.put(("copied", index, copy_range(reader, task, copier, rows)))
+    except BaseException as error:  # noqa: BLE001 - raised in the caller
+        events.put(("failed", _portable(error)))
+    finally:
+        events.put(("exit",))
+
+
+def _die_with(parent: int) -> None:
+    """On Linux, have the kernel kill this process when ``parent`` dies (and leave now if it has)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _portable(error: BaseException) -> BaseException:
+    """``error`` as it can cross to the caller's process (its type kept when it pickles)."""
+    try:
+        return pickle.loads(pickle.dumps(error))  # type: ignore[no-any-return]
+    except Exception:  # noqa: BLE001 - any error that does not survive pickling
+        return CdcError(f"{type(error).__name__}: {error}")

@@ -185,15 +185,14 @@ def null_where(values: pa.Array, mask: np.ndarray) -> pa.Array:
 
 def big_endian(data: np.ndarray, at: np.ndarray, width: int, *, signed: bool = True) -> np.ndarray:
     """The big-endian integers of ``width`` (2 or 4) bytes at each of ``at``, as int32 (unsigned
-    4-byte values: int64), gathered a byte at a time (several times faster than gathering
-    ``width``-byte rows)."""
-    value: np.ndarray = data.take(at).astype(np.int64 if width == 4 and not signed else np.int32)
-    for byte in range(1, width):
-        value = (value << 8) | data.take(at + byte)  # int32 wraps: 4 bytes come out signed
-    if signed and width < 4:
-        sign = 1 << (8 * width - 1)
-        value = (value ^ sign) - sign
-    return value
+    4-byte values: int64), gathered through a view of ``data`` that has a value at every byte (one
+    unaligned gather, about three times as fast as gathering a byte at a time)."""
+    kind = np.dtype(f">{'i' if signed else 'u'}{width}")
+    result = np.int64 if width == 4 and not signed else np.int32
+    if len(data) < width:
+        return np.take(np.empty(0, result), at)  # nothing to read: an empty ``at``, or IndexError
+    every = np.ndarray((len(data) - width + 1,), kind, buffer=data, strides=(1,))
+    return every[at].astype(result)
 
 
 def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

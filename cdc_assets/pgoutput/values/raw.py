@@ -190,9 +190,11 @@ def big_endian(data: np.ndarray, at: np.ndarray, width: int, *, signed: bool = T
     kind = np.dtype(f">{'i' if signed else 'u'}{width}")
     result = np.int64 if width == 4 and not signed else np.int32
     if len(data) < width:
-        return np.take(np.empty(0, result), at)  # nothing to read: an empty ``at``, or IndexError
+        empty: np.ndarray = np.empty(0, result)[at]  # nothing to read: an empty ``at``, or IndexError
+        return empty
     every = np.ndarray((len(data) - width + 1,), kind, buffer=data, strides=(1,))
-    return every[at].astype(result)
+    values: np.ndarray = every[at].astype(result)
+    return values
 
 
 def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

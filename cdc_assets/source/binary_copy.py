@@ -123,11 +123,15 @@ class _Receiver:
         get = self._pgconn.get_copy_data
         block = bytearray()
         sizes: list[int] = []
-        while len(sizes) < max_rows and len(block) < max_bytes:
+        keep = sizes.append
+        rows = taken = 0
+        while rows < max_rows and taken < max_bytes:
             size, row = get(1)
             if size > 2 or (size > 0 and row != _TRAILER):
                 block += row
-                sizes.append(size)
+                keep(size)
+                rows += 1
+                taken += size
             elif size == 0:
                 self._wait()
             elif size < 0:

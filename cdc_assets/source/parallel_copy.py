@@ -13,11 +13,12 @@ locks a table before its first range of it, until the worker ends
 fails the copy). Not the planning connection: holding a lock until every worker is done would
 deadlock with a TRUNCATE queued between it and a worker's own lock request.
 
-Workers take tasks — one range of one table, largest first — from one queue and hand each range's
-rows, a block at a time, to a :class:`RangeCopier` that does all the rest (convert, write): a copy
-costs the client more CPU than the server, so each worker is a process of its own, which receives,
-converts and writes on a core of its own without sharing an interpreter lock. One worker (or one
-range) copies in the caller's process. The caller gets each range's result and the rows as they
+Workers take tasks — one range of one table, largest first — in turn and hand each range's rows, a
+block at a time, to a :class:`RangeCopier` that does all the rest (convert, write): a copy costs
+the client more CPU than the server, so each worker is a process of its own, which receives,
+converts and writes on a core of its own without sharing an interpreter lock. The caller's process
+is the first worker: it copies from the start, while the others start (a second or so, most of it
+imports). The caller gets each range's result and the rows as they
 come (``progress``); a worker's error stops the others and is raised in the caller, naming the
 table. On Linux a worker dies with the process that started it, so a killed copy leaves no worker
 writing on. Workers are started with ``spawn``: a script that copies needs the usual
@@ -34,7 +35,7 @@ import pickle
 import queue
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -195,13 +196,8 @@ class ParallelCopy:
             (CopyTask(plan, r, number) for plan in plans for number, r in enumerate(plan.ranges)),
             key=lambda t: -t.plan.blocks_of(t.block_range),
         )
-        report = progress or _ignore
-        if min(self.workers, len(tasks)) <= 1:
-            with SnapshotReader(self.source, self.snapshot_name) as reader:
-                for task in tasks:
-                    yield task, copy_range(reader, task, copier, report)
-            return
-        yield from _WorkerPool(self, tasks, copier, report).run(min(self.workers, len(tasks)))
+        pool = _WorkerPool(self, tasks, copier, progress or _ignore)
+        yield from pool.run(min(self.workers, len(tasks)))
 
 
 def copy_range(reader: SnapshotReader, task: CopyTask, copier: RangeCopier[_R], progress: Progress) -> _R:
@@ -235,7 +231,8 @@ def _ignore(task: CopyTask, rows: int) -> None:
 
 
 class _WorkerPool(Generic[_R]):
-    """Worker processes taking ``tasks`` (by index) from a queue and reporting on another:
+    """The calling process is worker 0; ``count - 1`` worker processes join it once started. Each
+    claims the next task by its index from a shared counter; the processes report on a queue:
     ``("rows", index, rows)``, ``("copied", index, result)``, ``("failed", error)``, ``("exit",)``."""
 
     def __init__(self, copy: ParallelCopy, tasks: list[CopyTask], copier: RangeCopier[_R], progress: Progress) -> None:
@@ -246,39 +243,34 @@ class _WorkerPool(Generic[_R]):
 
     def run(self, count: int) -> Iterator[tuple[CopyTask, _R]]:
         context = multiprocessing.get_context("spawn")
-        todo: Any = context.Queue()
+        claimed = context.Value("q", 0)
         events: Any = context.Queue()
-        for index, task in enumerate(self.tasks):
-            todo.put((index, task))
-        for _ in range(count):
-            todo.put(None)
         workers = [
             context.Process(
                 target=_work,
-                args=(self.copy.source, self.copy.snapshot_name, self.copier, todo, events, os.getpid()),
+                args=(self.copy.source, self.copy.snapshot_name, self.copier, self.tasks, claimed, events, os.getpid()),
                 name=f"cdc-copy-{number}",
                 daemon=True,
             )
-            for number in range(count)
+            for number in range(1, count)
         ]
         try:
             for worker in workers:
                 worker.start()
-            running = count
+            running = len(workers)
+            with SnapshotReader(self.copy.source, self.copy.snapshot_name) as reader:
+                while (index := _claim(claimed, len(self.tasks))) is not None:
+                    task = self.tasks[index]
+                    yield task, copy_range(reader, task, self.copier, self.progress)
+                    for event in _waiting(events):
+                        running -= yield from self._handle(event)
             while running:
                 try:
                     event = events.get(timeout=WORKER_POLL_S)
                 except queue.Empty:
                     self._check_alive(workers)
                     continue
-                if event[0] == "rows":
-                    self.progress(self.tasks[event[1]], event[2])
-                elif event[0] == "copied":
-                    yield self.tasks[event[1]], event[2]
-                elif event[0] == "failed":
-                    raise event[1]
-                else:
-                    running -= 1
+                running -= yield from self._handle(event)
         finally:
             for worker in workers:
                 if worker.is_alive():
@@ -286,9 +278,18 @@ class _WorkerPool(Generic[_R]):
             for worker in workers:
                 if worker.pid is not None:
                     worker.join()
-            for channel in (todo, events):
-                channel.cancel_join_thread()
-                channel.close()
+            events.cancel_join_thread()
+            events.close()
+
+    def _handle(self, event: tuple[Any, ...]) -> Generator[tuple[CopyTask, _R], None, int]:
+        """Act on a worker's report; return 1 when it says the worker has ended."""
+        if event[0] == "rows":
+            self.progress(self.tasks[event[1]], event[2])
+        elif event[0] == "copied":
+            yield self.tasks[event[1]], event[2]
+        elif event[0] == "failed":
+            raise event[1]
+        return int(event[0] == "exit")
 
     def _check_alive(self, workers: Sequence[BaseProcess]) -> None:
         for worker in workers:
@@ -299,20 +300,44 @@ class _WorkerPool(Generic[_R]):
                 )
 
 
+def _claim(claimed: Any, total: int) -> int | None:
+    """The index of the next task nobody has taken, or None when all are taken."""
+    with claimed.get_lock():
+        index = int(claimed.value)
+        if index >= total:
+            return None
+        claimed.value = index + 1
+    return index
+
+
+def _waiting(events: Any) -> Iterator[tuple[Any, ...]]:
+    """The reports already queued, without waiting for more."""
+    while True:
+        try:
+            yield events.get_nowait()
+        except queue.Empty:
+            return
+
+
 def _work(
-    source: SourceConfig, snapshot_name: str, copier: RangeCopier[Any], todo: Any, events: Any, parent: int
+    source: SourceConfig,
+    snapshot_name: str,
+    copier: RangeCopier[Any],
+    tasks: list[CopyTask],
+    claimed: Any,
+    events: Any,
+    parent: int,
 ) -> None:
     """A worker process: its own connection into the snapshot, tasks until none is left."""
     _die_with(parent)
     try:
-
-        def rows(task: CopyTask, count: int) -> None:
-            events.put(("rows", index, count))
-
         with SnapshotReader(source, snapshot_name) as reader:
-            while (item := todo.get()) is not None:
-                index, task = item
-                events.put(("copied", index, copy_range(reader, task, copier, rows)))
+            while (index := _claim(claimed, len(tasks))) is not None:
+
+                def rows(task: CopyTask, count: int, index: int = index) -> None:
+                    events.put(("rows", index, count))
+
+                events.put(("copied", index, copy_range(reader, tasks[index], copier, rows)))
     except BaseException as error:  # noqa: BLE001 - raised in the caller
         events.put(("failed", _portable(error)))
     finally:

@@ -61,7 +61,8 @@ class NumberCodec(ScalarCodec):
     def from_binary(self, col: RawColumn) -> ConvertedColumn:
         wire = np.dtype(self.wire)
         values = col.fixed(wire.itemsize).view(wire)[:, 0]
-        return ConvertedColumn(col.to_arrow(values.astype(self.arrow_type.to_pandas_dtype()), self.arrow_type))
+        kind = "f" if pa.types.is_floating(self.arrow_type) else "i"
+        return ConvertedColumn(col.to_arrow(values.astype(f"{kind}{self.arrow_type.bit_width // 8}"), self.arrow_type))
 
     def render(self, values: pa.Array) -> list[str | None]:
         return [None if v is None else str(v) for v in values.to_pylist()]

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pytest
 
@@ -228,6 +230,58 @@ def test_a_worker_error_fails_setup_cleanly(pg: Database, tmp_path: Path, copier
     assert result.created_slot and result.rows == {"public.big": 30000 - 309, "public.small": 2}
     assert not Path(pipe.changelog, "_setup.json").exists()
     pipe.assert_mirrors()
+
+
+SLEEPING = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()"
+
+
+def test_a_killed_setup_leaves_no_copy_worker_behind(pg: Database, tmp_path: Path, copier: str) -> None:
+    """Setup's copy held inside both workers' COPY (a row-level security function that sleeps on
+    rows of every range), then the CLI SIGKILLed: its worker process dies with it (the kernel's
+    parent-death signal) instead of copying on, nothing is checkpointed, and setup run again is
+    exact."""
+    with pg.connect(autocommit=True) as conn:
+        conn.execute(f'SET ROLE "{copier}"')
+        conn.execute(";".join(WORKLOAD[:3]))
+        conn.execute(
+            "CREATE FUNCTION readable(id int) RETURNS bool LANGUAGE plpgsql STABLE AS $$ BEGIN"
+            " IF id % 1000 = 0 THEN PERFORM pg_sleep(600); END IF; RETURN true; END $$;"
+            " CREATE POLICY guard ON big USING (readable(id));"
+            " ALTER TABLE big ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY"
+        )
+    assert len(block_ranges(_blocks(pg, "big"), 2)) >= 2
+    pipe = Pipeline(
+        pg, tmp_path, ["public.big"], source={"snapshot_workers": 2}, dsn=pg.cluster.dsn(pg.name, user=copier)
+    )
+    setup = pipe.popen("setup")
+    try:
+        wait_until(lambda: len(pg.execute(SLEEPING)) == 2, timeout=120, what="both workers to be inside a COPY")
+        workers = [child for child in psutil.Process(setup.pid).children() if "spawn_main" in " ".join(child.cmdline())]
+        assert len(workers) == 1  # the CLI's process copies too
+    finally:
+        os.kill(setup.pid, signal.SIGKILL)
+        setup.wait(timeout=60)  # not its output: a worker left alive would hold the pipes open
+        for pipe_end in (setup.stdout, setup.stderr):
+            if pipe_end is not None:
+                pipe_end.close()
+    try:
+        wait_until(lambda: not _alive(workers[0]), what="the copy worker to die with setup")
+    finally:  # the server notices a client gone only when it next writes to it
+        for (pid,) in pg.execute(SLEEPING):
+            pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    assert pipe.checkpoint() is None
+
+    pg.execute("ALTER TABLE big NO FORCE ROW LEVEL SECURITY")
+    result = pipe.setup()
+    assert result.rows == {"public.big": 30000 - 309}
+    pipe.assert_mirrors()
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_snapshot_workers_setting(tmp_path: Path) -> None:

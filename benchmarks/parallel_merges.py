@@ -9,7 +9,8 @@ copies them and one untimed apply writes the Delta tables, on one warm local Spa
 (``spark.master`` ``local[2]``, the default). Each round then commits, per table, one transaction
 of ``--changes`` changes with random keys (80% updates of live keys, 10% deletes, 10% inserts of
 new keys), drains them (``cdc_assets.drain.drain``), and times one
-``cdc_assets.apply.runner.apply_tables`` over every table — with ``spark.parallel_merges`` 1
+``cdc_assets.apply.runner.apply_tables`` over every table, with the CPU seconds this process and
+the JVM spent meanwhile — with ``spark.parallel_merges`` 1
 (serial) or ``--parallel``, after one untimed round that warms the session up, the two taking
 turns in the order A B B A A B … so that a drift of the machine falls on both. The figure is the median apply of each setting and their ratio (target:
 parallel ≤ 0.6 × serial). Finally every Delta table is compared with its source
@@ -31,6 +32,7 @@ from typing import Any
 
 import _common as common
 import numpy as np
+import psutil
 import psycopg
 from soak import ChangingTable
 
@@ -62,6 +64,19 @@ def write_config(folder: Path, dsn: str, names: list[str]) -> Config:
 
 def with_parallel_merges(config: Config, merges: int) -> Config:
     return replace(config, spark=replace(config.spark, parallel_merges=merges))
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds so far of this process and its children (the local Spark's JVM)."""
+    me = psutil.Process()
+    total = 0.0
+    for process in (me, *me.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def settings_order(rounds: int, parallel: int) -> list[int]:
@@ -102,15 +117,26 @@ def main() -> int:
                 for table in tables:
                     table.commit_changes(conn, args.changes, rng)
                 drained = drain(config)
+                cpu = tree_cpu_s()
                 started = time.perf_counter()
                 applied = apply_tables(with_parallel_merges(config, merges), spark)
                 seconds = time.perf_counter() - started
+                cpu_s = tree_cpu_s() - cpu
                 records = sum(a.records for a in applied)
                 if number:  # round 0 warms the session up (the JIT, Delta's caches) and is not counted
-                    rounds.append({"round": number, "parallel_merges": merges, "apply_s": seconds, "records": records})
+                    rounds.append(
+                        {
+                            "round": number,
+                            "parallel_merges": merges,
+                            "apply_s": seconds,
+                            "cpu_s": cpu_s,
+                            "records": records,
+                        }
+                    )
                 print(
                     f"[parallel] round {number or 'warm-up'}: {drained.total_changes:,} changes drained;"
-                    f" parallel_merges {merges}: {len(applied)} tables, {records:,} records applied in {seconds:.2f} s",
+                    f" parallel_merges {merges}: {len(applied)} tables, {records:,} records applied in {seconds:.2f} s"
+                    f" ({cpu_s:.1f} CPU-s: {cpu_s / seconds:.2f} of the cores busy)",
                     flush=True,
                 )
         after = common.load_snapshot()
@@ -123,13 +149,15 @@ def main() -> int:
         print()
         print(
             common.table(
-                ["parallel_merges", "applies", "median s", "each (s)"],
+                ["parallel_merges", "applies", "median s", "each (s)", "median CPU s", "cores busy"],
                 [
                     (
                         merges,
                         sum(1 for r in rounds if r["parallel_merges"] == merges),
                         f"{medians[merges]:.2f}",
                         ", ".join(f"{r['apply_s']:.2f}" for r in rounds if r["parallel_merges"] == merges),
+                        f"{statistics.median(r['cpu_s'] for r in rounds if r['parallel_merges'] == merges):.1f}",
+                        f"{statistics.median(r['cpu_s'] / r['apply_s'] for r in rounds if r['parallel_merges'] == merges):.2f}",
                     )
                     for merges in (1, args.parallel)
                 ],

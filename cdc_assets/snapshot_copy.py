@@ -27,7 +27,8 @@ from cdc_assets.config import Config, TableConfig
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.source import load_type_catalog
-from cdc_assets.source.parallel_copy import CopyTask, ParallelCopy
+from cdc_assets.source.copy_plan import CopyTask
+from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.transactions import CommitInfo, with_commit_columns
 
 RANGE_POSITIONS = 1 << 40

@@ -22,7 +22,8 @@ from cdc_assets.pgoutput.messages import InsertMessage
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.snapshot_copy import RANGE_POSITIONS
 from cdc_assets.source import connect, create_slot_with_snapshot, load_type_catalog
-from cdc_assets.source.parallel_copy import RANGE_BLOCKS_MAX, RANGE_BLOCKS_MIN, BlockRange, ParallelCopy, block_ranges
+from cdc_assets.source.copy_plan import RANGE_BLOCKS_MAX, RANGE_BLOCKS_MIN, BlockRange, block_ranges
+from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.source.snapshot import SnapshotReader
 from tests.conftest import Database
 from tests.support.copied import KeptBlocks, sent_rows, typed_rows

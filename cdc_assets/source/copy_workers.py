@@ -22,7 +22,7 @@ import sys
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 import pyarrow as pa
@@ -31,10 +31,8 @@ from psycopg import errors
 from cdc_assets.config import SourceConfig
 from cdc_assets.errors import CdcError, DecodeError, SourceError, SourcePermissionError
 from cdc_assets.source.binary_copy import read_columns
+from cdc_assets.source.copy_plan import CopyTask, Progress, RangeCopier
 from cdc_assets.source.snapshot import SnapshotReader
-
-if TYPE_CHECKING:
-    from cdc_assets.source.parallel_copy import CopyTask, Progress, RangeCopier
 
 _R = TypeVar("_R")
 

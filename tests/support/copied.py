@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
-from cdc_assets.source.parallel_copy import CopyTask
+from cdc_assets.source.copy_plan import CopyTask
 
 
 @dataclass(slots=True, frozen=True)

@@ -120,12 +120,10 @@ def copy_snapshot(
                 if progress is not None:
                     progress(name, seen[name])
 
-            copied = dict.fromkeys(seen, 0)
             for _, segment in copy.run(plans, copier, arrived):
                 writer.copied_segment(segment.table, segment.name, segment.rows, lsn)
-                copied[segment.table] += segment.rows
     except BaseException:
         writer.abandon()
         raise
     checkpoint = writer.close(lsn).advanced(lsn, snapshot_lsn=lsn, snapshot_time_us=info.commit_time_us)
-    return CopiedSnapshot(checkpoint, copied)
+    return CopiedSnapshot(checkpoint, dict(writer.summary.changes))

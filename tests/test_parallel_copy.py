@@ -189,28 +189,40 @@ def copier(pg: Database) -> Any:
     pg.execute(f'DROP ROLE "{name}"')
 
 
-def test_a_worker_error_fails_setup_cleanly(pg: Database, tmp_path: Path, copier: str) -> None:
-    """A row the source role may not read, in one range of a table copied by two workers: setup
-    fails with one error naming the table, the other workers stop, no checkpoint is written and
-    no copy connection is left; once the table is readable, setup runs again and is exact."""
+def _guarded_big(pg: Database, copier: str, check: str, *more: str) -> None:
+    """``big`` (the workload's first table) created by ``copier`` behind a row-level security
+    policy that runs ``check`` (PL/pgSQL statements, the row's key in ``id``) for every row read;
+    then ``more`` statements as ``copier``."""
     with pg.connect(autocommit=True) as conn:
         conn.execute(f'SET ROLE "{copier}"')
         conn.execute(";".join(WORKLOAD[:3]))
         conn.execute(
-            "CREATE FUNCTION readable(id int) RETURNS bool LANGUAGE plpgsql STABLE AS $$ BEGIN"
-            " IF id = 15000 THEN RAISE EXCEPTION 'row % of big is confidential', id"
-            " USING ERRCODE = 'insufficient_privilege'; END IF; RETURN true; END $$;"
+            f"CREATE FUNCTION readable(id int) RETURNS bool LANGUAGE plpgsql STABLE AS $$ BEGIN {check}"
+            " RETURN true; END $$;"
             " CREATE POLICY guard ON big USING (readable(id));"
-            " ALTER TABLE big ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;"
-            " CREATE TABLE small (id int PRIMARY KEY); INSERT INTO small VALUES (1), (2)"
+            " ALTER TABLE big ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY"
         )
-    pipe = Pipeline(
+        for statement in more:
+            conn.execute(statement)
+
+
+def _copier_pipeline(pg: Database, tmp_path: Path, copier: str, tables: list[str]) -> Pipeline:
+    """A pipeline of ``tables`` copied by two workers, connecting as ``copier``."""
+    return Pipeline(pg, tmp_path, tables, source={"snapshot_workers": 2}, dsn=pg.cluster.dsn(pg.name, user=copier))
+
+
+def test_a_worker_error_fails_setup_cleanly(pg: Database, tmp_path: Path, copier: str) -> None:
+    """A row the source role may not read, in one range of a table copied by two workers: setup
+    fails with one error naming the table, the other workers stop, no checkpoint is written and
+    no copy connection is left; once the table is readable, setup runs again and is exact."""
+    _guarded_big(
         pg,
-        tmp_path,
-        ["public.big", "public.small"],
-        source={"snapshot_workers": 2},
-        dsn=pg.cluster.dsn(pg.name, user=copier),
+        copier,
+        "IF id = 15000 THEN RAISE EXCEPTION 'row % of big is confidential', id"
+        " USING ERRCODE = 'insufficient_privilege'; END IF;",
+        "CREATE TABLE small (id int PRIMARY KEY); INSERT INTO small VALUES (1), (2)",
     )
+    pipe = _copier_pipeline(pg, tmp_path, copier, ["public.big", "public.small"])
     with pytest.raises(SourcePermissionError) as failed:
         pipe.setup()
     assert str(failed.value) == "cannot copy table public.big: row 15000 of big is confidential"
@@ -241,19 +253,9 @@ def test_a_killed_setup_leaves_no_copy_worker_behind(pg: Database, tmp_path: Pat
     rows of every range), then the CLI SIGKILLed: its worker process dies with it (the kernel's
     parent-death signal) instead of copying on, nothing is checkpointed, and setup run again is
     exact."""
-    with pg.connect(autocommit=True) as conn:
-        conn.execute(f'SET ROLE "{copier}"')
-        conn.execute(";".join(WORKLOAD[:3]))
-        conn.execute(
-            "CREATE FUNCTION readable(id int) RETURNS bool LANGUAGE plpgsql STABLE AS $$ BEGIN"
-            " IF id % 1000 = 0 THEN PERFORM pg_sleep(600); END IF; RETURN true; END $$;"
-            " CREATE POLICY guard ON big USING (readable(id));"
-            " ALTER TABLE big ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY"
-        )
+    _guarded_big(pg, copier, "IF id % 1000 = 0 THEN PERFORM pg_sleep(600); END IF;")
     assert len(block_ranges(_blocks(pg, "big"), 2)) >= 2
-    pipe = Pipeline(
-        pg, tmp_path, ["public.big"], source={"snapshot_workers": 2}, dsn=pg.cluster.dsn(pg.name, user=copier)
-    )
+    pipe = _copier_pipeline(pg, tmp_path, copier, ["public.big"])
     setup = pipe.popen("setup")
     try:
         wait_until(lambda: len(pg.execute(SLEEPING)) == 2, timeout=120, what="both workers to be inside a COPY")

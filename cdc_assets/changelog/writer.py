@@ -194,7 +194,7 @@ class BatchWriter:
         self._encoder.shutdown()
         for segment in self._segments.values():
             segment.file.finish()
-        for folder in {table_folder(t) for t in self._tables if t in self._segments or t in self._copied}:
+        for folder in {table_folder(t) for t in (*self._segments, *self._copied)}:
             self.store.sync_folder(folder)
         name = SegmentName(self.start.lsn, 0).file
         if self._transactions:

@@ -19,7 +19,7 @@ import pickle
 import queue
 import signal
 import sys
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
@@ -77,12 +77,11 @@ class WorkerPool(Generic[_R]):
             for worker in workers:
                 worker.start()
             running = len(workers)
-            with SnapshotReader(self.source, self.snapshot_name) as reader:
-                while (index := _claim(claimed, len(self.tasks))) is not None:
-                    task = self.tasks[index]
-                    yield task, _copy_range(reader, task, self.copier, self.progress)
-                    for event in _waiting(events):
-                        running -= yield from self._handle(event)
+            mine = _copy_claimed(self.source, self.snapshot_name, self.copier, self.tasks, claimed, self._rows)
+            for index, result in mine:
+                yield self.tasks[index], result
+                for event in _waiting(events):
+                    running -= yield from self._handle(event)
             while running:
                 try:
                     event = events.get(timeout=WORKER_POLL_S)
@@ -100,10 +99,13 @@ class WorkerPool(Generic[_R]):
             events.cancel_join_thread()
             events.close()
 
+    def _rows(self, index: int, count: int) -> None:
+        self.progress(self.tasks[index], count)
+
     def _handle(self, event: tuple[Any, ...]) -> Generator[tuple[CopyTask, _R], None, int]:
         """Act on a worker's report; return 1 when it says the worker has ended."""
         if event[0] == "rows":
-            self.progress(self.tasks[event[1]], event[2])
+            self._rows(event[1], event[2])
         elif event[0] == "copied":
             yield self.tasks[event[1]], event[2]
         elif event[0] == "failed":
@@ -147,20 +149,39 @@ def _work(
     events: Any,
     parent: int,
 ) -> None:
-    """A worker process: its own connection into the snapshot, tasks until none is left."""
+    """A worker process: its share of the tasks (:func:`_copy_claimed`), reported on ``events``."""
     _die_with(parent)
+
+    def rows(index: int, count: int) -> None:
+        events.put(("rows", index, count))
+
     try:
-        with SnapshotReader(source, snapshot_name) as reader:
-            while (index := _claim(claimed, len(tasks))) is not None:
-
-                def rows(task: CopyTask, count: int, index: int = index) -> None:
-                    events.put(("rows", index, count))
-
-                events.put(("copied", index, _copy_range(reader, tasks[index], copier, rows)))
+        for index, result in _copy_claimed(source, snapshot_name, copier, tasks, claimed, rows):
+            events.put(("copied", index, result))
     except BaseException as error:  # noqa: BLE001 - raised in the caller
         events.put(("failed", _portable(error)))
     finally:
         events.put(("exit",))
+
+
+def _copy_claimed(
+    source: SourceConfig,
+    snapshot_name: str,
+    copier: RangeCopier[_R],
+    tasks: list[CopyTask],
+    claimed: Any,
+    rows: Callable[[int, int], None],
+) -> Iterator[tuple[int, _R]]:
+    """This process's share of the work: its own connection into the snapshot, the next task
+    nobody has claimed until none is left; yields each task's index and what ``copier`` returned,
+    ``rows(index, count)`` on each block."""
+    with SnapshotReader(source, snapshot_name) as reader:
+        while (index := _claim(claimed, len(tasks))) is not None:
+
+            def progress(task: CopyTask, count: int, index: int = index) -> None:
+                rows(index, count)
+
+            yield index, _copy_range(reader, tasks[index], copier, progress)
 
 
 def _die_with(parent: int) -> None:

@@ -174,6 +174,20 @@ def describe_code(start: dict[str, Any], end: dict[str, Any] | None = None) -> s
     return text
 
 
+def tree_cpu_s(process: psutil.Process) -> float:
+    """CPU seconds so far of ``process`` (with its children it has reaped) and of its live
+    descendants."""
+    times = process.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in process.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += child_times.user + child_times.system
+    return total
+
+
 def load_snapshot(interval: float = 1.0) -> dict[str, Any]:
     """The load average and the processes outside this one's tree that used CPU over ``interval``."""
     me = psutil.Process()

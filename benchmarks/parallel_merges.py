@@ -66,19 +66,6 @@ def with_parallel_merges(config: Config, merges: int) -> Config:
     return replace(config, spark=replace(config.spark, parallel_merges=merges))
 
 
-def tree_cpu_s() -> float:
-    """CPU seconds so far of this process and its children (the local Spark's JVM)."""
-    me = psutil.Process()
-    total = 0.0
-    for process in (me, *me.children(recursive=True)):
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
-    return total
-
-
 def settings_order(rounds: int, parallel: int) -> list[int]:
     """``parallel_merges`` per round: 1, p, p, 1, 1, p, … (each setting first as often as second)."""
     pattern = [1, parallel, parallel, 1]
@@ -112,16 +99,17 @@ def main() -> int:
         rng = np.random.default_rng(20261127)
         before = common.load_snapshot()
         rounds: list[dict[str, Any]] = []
+        me = psutil.Process()
         with psycopg.connect(cluster.dsn()) as conn:
             for number, merges in enumerate([args.parallel, *settings_order(args.rounds, args.parallel)]):
                 for table in tables:
                     table.commit_changes(conn, args.changes, rng)
                 drained = drain(config)
-                cpu = tree_cpu_s()
+                cpu = common.tree_cpu_s(me)
                 started = time.perf_counter()
                 applied = apply_tables(with_parallel_merges(config, merges), spark)
                 seconds = time.perf_counter() - started
-                cpu_s = tree_cpu_s() - cpu
+                cpu_s = common.tree_cpu_s(me) - cpu
                 records = sum(a.records for a in applied)
                 if number:  # round 0 warms the session up (the JIT, Delta's caches) and is not counted
                     rounds.append(

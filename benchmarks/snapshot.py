@@ -88,25 +88,17 @@ class TableFacts:
 
 
 class CpuMeter:
-    """CPU seconds of this process (all threads, and its copy workers once they have ended) and of
-    the cluster's server processes (live ones, plus what the postmaster has reaped from exited
-    backends) between two readings."""
+    """CPU seconds of this process's tree (all threads, its copy workers) and of the cluster's
+    server processes (live ones, plus what the postmaster has reaped from exited backends) between
+    two readings (:func:`_common.tree_cpu_s`)."""
 
     def __init__(self, cluster: ThrowawayCluster) -> None:
         pid = int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
         self.postmaster = psutil.Process(pid)
+        self.me = psutil.Process()
 
     def reading(self) -> tuple[float, float]:
-        me = os.times()
-        times = self.postmaster.cpu_times()
-        server = times.user + times.system + times.children_user + times.children_system
-        for child in self.postmaster.children():
-            try:
-                child_times = child.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            server += child_times.user + child_times.system
-        return me.user + me.system + me.children_user + me.children_system, server
+        return common.tree_cpu_s(self.me), common.tree_cpu_s(self.postmaster)
 
     def measure(self, work: Callable[[], _T]) -> tuple[dict[str, float], _T]:
         before = {child.pid for child in self.postmaster.children()}

@@ -1,15 +1,21 @@
-"""Splitting binary COPY rows into columns (``cdc_assets/source/binary_copy.py``), on rows built by
-hand: values and NULLs in place, and malformed rows refused with the row named. The real server's
-rows are checked in ``tests/test_parallel_copy.py`` and ``tests/test_source.py``."""
+"""Splitting binary COPY messages into columns (``cdc_assets/source/binary_copy.py``, in C:
+``_copy_rows.c``), on messages built by hand: values and NULLs in place, and malformed rows and
+headers refused with the row named. The real server's rows are checked in
+``tests/test_parallel_copy.py`` and ``tests/test_source.py``."""
 
 from __future__ import annotations
 
 import struct
 
+import pyarrow as pa
 import pytest
 
 from cdc_assets.errors import DecodeError
-from cdc_assets.source.binary_copy import SIGNATURE, _header_size, split_rows
+from cdc_assets.source.binary_copy import CopyRows
+
+SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+HEADER = SIGNATURE + struct.pack("!ii", 0, 0)
+TRAILER = b"\xff\xff"
 
 
 def row(*fields: bytes | None, count: int | None = None) -> bytes:
@@ -20,17 +26,38 @@ def row(*fields: bytes | None, count: int | None = None) -> bytes:
     return b"".join(parts)
 
 
-def split(rows: list[bytes], columns: int) -> list[list[bytes | None]]:
-    return [column.to_pylist() for column in split_rows(bytearray(b"".join(rows)), [len(r) for r in rows], columns)]
+def split(rows: list[bytes], columns: int, header: bytes = HEADER) -> list[pa.Array]:
+    """The rows sent as PostgreSQL sends them: the header with the first, the trailer alone."""
+    copy = CopyRows(columns)
+    for message in [header + rows[0], *rows[1:]] if rows else [header + TRAILER]:
+        copy.add_message(message)
+    if rows:
+        copy.add_message(TRAILER)
+    assert copy.rows == len(rows)
+    return copy.take()
 
 
 def test_rows_split_into_columns_with_nulls() -> None:
     rows = [row(b"\x00\x00\x00\x01", b"abc"), row(None, b""), row(b"\xff" * 4, None), row(b"\x80" * 4, b"x" * 300)]
-    assert split(rows, 2) == [
+    columns = split(rows, 2)
+    assert [column.to_pylist() for column in columns] == [
         [b"\x00\x00\x00\x01", None, b"\xff" * 4, b"\x80" * 4],
         [b"abc", b"", None, b"x" * 300],
     ]
+    assert [column.null_count for column in columns] == [1, 1]
+    assert [column.type for column in columns] == [pa.binary(), pa.binary()]
     assert split([row(), row()], 0) == []
+    assert [column.to_pylist() for column in split([], 2)] == [[], []]
+
+
+def test_a_block_taken_starts_the_next() -> None:
+    copy = CopyRows(1)
+    copy.add_message(HEADER + row(b"a"))
+    copy.add_message(row(None))
+    assert [column.to_pylist() for column in copy.take()] == [[b"a", None]]
+    copy.add_message(row(b"bc"))
+    assert copy.rows == 1
+    assert [column.to_pylist() for column in copy.take()] == [[b"bc"]]
 
 
 @pytest.mark.parametrize(
@@ -43,6 +70,7 @@ def test_rows_split_into_columns_with_nulls() -> None:
         ([row(b"a", b"b")[:6]], "column 1's value does not fit the row (row 1"),
         ([b"\x00"], "a row shorter than its field count (row 1"),
         ([struct.pack("!hi", 2, -2)], "column 1 has a negative length (row 1"),
+        ([row(b"a", b"b"), TRAILER, row(b"a", b"b")], "a message after the trailer (row 2"),
     ],
 )
 def test_malformed_rows_are_refused(rows: list[bytes], reason: str) -> None:
@@ -52,8 +80,8 @@ def test_malformed_rows_are_refused(rows: list[bytes], reason: str) -> None:
 
 
 def test_header() -> None:
-    header = SIGNATURE + struct.pack("!ii", 0, 4) + b"extn"
-    assert _header_size(bytearray(header + row(b"a"))) == len(header)
+    extension = SIGNATURE + struct.pack("!ii", 0, 4) + b"extn"
+    assert [column.to_pylist() for column in split([row(b"a")], 1, header=extension)] == [[b"a"]]
     for bad in (b"PGCOPY\n\xff\r\n\x01" + bytes(8), SIGNATURE + struct.pack("!ii", 1 << 16, 0), SIGNATURE[:5]):
         with pytest.raises(DecodeError, match="header"):
-            _header_size(bytearray(bad))
+            split([row(b"a")], 1, header=bad)

@@ -11,21 +11,21 @@ initial snapshot").
 The binary COPY format: an 11-byte signature, an int32 of flags and an int32 extension length
 (and the extension) once; then per row an int16 field count and per field an int32 length (-1 for
 NULL) and that many bytes; finally the int16 -1. PostgreSQL sends one CopyData message per row,
-the header with the first (or with the trailer, when there is none) and the trailer alone. Rows
-are taken from libpq one call each and kept as they came; a block of them is split into columns
-with numpy, every row at once, one field after the other.
+the header with the first (or with the trailer, when there is none) and the trailer alone. A
+small C module (``_copy_rows.c``) takes the messages from libpq and splits each row into the
+columns as it arrives: a loop over rows in Python cost more CPU than the server's send functions
+(docs/architecture.md, "The initial snapshot").
 """
 
 from __future__ import annotations
 
 import selectors
-import struct
 import sys
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import psycopg
 import pyarrow as pa
 from psycopg import pq
@@ -33,15 +33,11 @@ from psycopg import pq
 from cdc_assets.config import quote_identifier
 from cdc_assets.errors import DecodeError
 from cdc_assets.pgoutput.schema import RelationSchema
-from cdc_assets.pgoutput.values.raw import big_endian, validity_buffer
+from cdc_assets.source._copy_rows import RECEIVE_LIMIT, RECEIVE_WAIT, RowSplitter
+from cdc_assets.source.libpq import copy_functions
 
 BLOCK_BYTES = 4 << 20
 """Bytes split at a time when no row count is asked for (plus the row that crosses it)."""
-
-SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
-_HEADER = struct.Struct("!11sii")
-_TRAILER = b"\xff\xff"
-_INT32_OFFSETS_MAX = 2**31 - 1
 
 
 @dataclass(slots=True, frozen=True)
@@ -89,26 +85,68 @@ def read_columns(
 
     Closing the generator early cancels the COPY.
     """
-    with conn.cursor().copy(query), _Receiver(conn) as receiver:  # leaving on an exception cancels the COPY
+    with conn.cursor().copy(query), _Receiver(conn, columns) as receiver:  # leaving on an exception cancels the COPY
         while not receiver.done:
-            block, sizes = receiver.block(block_rows, block_bytes)
-            if sizes:
-                yield split_rows(block, sizes, columns)
+            block = receiver.block(block_rows, block_bytes)
+            if block:
+                yield block
+
+
+class CopyRows:
+    """Binary COPY messages split into one binary array per column as they arrive (in C:
+    ``_copy_rows.c``; a bad message raises :class:`DecodeError` naming the row of the block)."""
+
+    def __init__(self, columns: int) -> None:
+        self._splitter = RowSplitter(columns)
+
+    def add_message(self, message: bytes) -> None:
+        """Add one CopyData message's contents: the header (with the first row), a row, or the trailer."""
+        with _malformed():
+            self._splitter.add_message(message)
+
+    def receive(self, pgconn: pq.abc.PGconn, max_rows: int, max_bytes: int) -> int:
+        """Take rows from libpq until the block holds ``max_rows`` rows or reaches ``max_bytes``
+        (``RECEIVE_LIMIT``), libpq holds no complete message (``RECEIVE_WAIT``), or the COPY has
+        ended (``RECEIVE_ENDED``; ``RECEIVE_FAILED``: libpq's result tells why)."""
+        functions = copy_functions()
+        with _malformed():
+            return self._splitter.receive(
+                pgconn.pgconn_ptr,  # type: ignore[attr-defined]  # every implementation has it; the protocol class does not
+                functions.get_copy_data,
+                functions.free_mem,
+                max_rows,
+                max_bytes,
+            )
+
+    @property
+    def rows(self) -> int:
+        """Rows in the block."""
+        return self._splitter.rows
+
+    def take(self) -> list[pa.Array]:
+        """The block's columns; the next rows start a new block."""
+        rows = self._splitter.rows
+        return [
+            pa.Array.from_buffers(
+                pa.large_binary() if wide else pa.binary(),
+                rows,
+                [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(values)],
+                null_count=nulls,
+            )
+            for validity, offsets, values, nulls, wide in self._splitter.take()
+        ]
 
 
 class _Receiver:
-    """The rows of a running binary ``COPY … TO STDOUT``, taken from libpq one call each.
+    """The rows of a running binary ``COPY … TO STDOUT``, a block at a time, waiting on the socket
+    only when libpq holds no complete row."""
 
-    psycopg's ``Copy.read()`` costs a generator and a wait per row, more than twice the CPU of
-    this loop, which waits on the socket only when libpq holds no complete row.
-    """
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], columns: int) -> None:
         self._conn = conn
         self._pgconn = conn.pgconn
+        self._rows = CopyRows(columns)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._pgconn.socket, selectors.EVENT_READ)
-        self._header = True
         self.done = False
 
     def __enter__(self) -> _Receiver:
@@ -117,34 +155,13 @@ class _Receiver:
     def __exit__(self, *exc: object) -> None:
         self._selector.close()
 
-    def block(self, max_rows: int, max_bytes: int) -> tuple[bytearray, list[int]]:
-        """The next rows, up to either limit: their bytes one after the other and each one's size
-        (none once the COPY has ended)."""
-        get = self._pgconn.get_copy_data
-        block = bytearray()
-        sizes: list[int] = []
-        keep = sizes.append
-        rows = taken = 0
-        while rows < max_rows and taken < max_bytes:
-            size, row = get(1)
-            if size > 2 or (size > 0 and row != _TRAILER):
-                block += row
-                keep(size)
-                rows += 1
-                taken += size
-            elif size == 0:
-                self._wait()
-            elif size < 0:
-                self._finish()
-                break
-        if sizes and self._header:
-            header = _header_size(block)
-            del block[:header]
-            sizes[0] -= header
-            self._header = False
-            if sizes[0] == len(_TRAILER) and block.startswith(_TRAILER):  # no rows: header and trailer came as one
-                del block[:2], sizes[0]
-        return block, sizes
+    def block(self, max_rows: int, max_bytes: int) -> list[pa.Array]:
+        """The next rows, up to either limit, one array per column (none once the COPY has ended)."""
+        while (status := self._rows.receive(self._pgconn, max_rows, max_bytes)) == RECEIVE_WAIT:
+            self._wait()
+        if status != RECEIVE_LIMIT:
+            self._finish()
+        return self._rows.take() if self._rows.rows else []
 
     def _wait(self) -> None:
         self._selector.select()
@@ -164,70 +181,9 @@ class _Receiver:
             raise psycopg.errors.error_from_result(result, encoding=self._conn.info.encoding)
 
 
-def _header_size(block: bytearray) -> int:
-    """The size of the file header in front of the first row."""
-    if len(block) < _HEADER.size:
-        raise _malformed("the header is cut short", 0)
-    signature, flags, extension = _HEADER.unpack_from(block)
-    if signature != SIGNATURE or flags & 0x1FFFF or extension < 0:  # bits 0-15 critical, 16: OIDs
-        raise _malformed(f"unexpected header {bytes(block[: _HEADER.size])!r}", 0)
-    return int(_HEADER.size + extension)
-
-
-def split_rows(block: bytes | bytearray, sizes: Sequence[int], columns: int) -> list[pa.Array]:
-    """Binary COPY rows (the header removed), one after the other with their ``sizes``, as one
-    binary array per column, null for NULL.
-
-    Every row is walked at once, field by field: each field's length says where the next begins.
-    A column's values are then gathered by Arrow from the block's bytes, seen as one binary array
-    whose even entries are the column's values and odd entries what lies between them.
-    """
-    data = np.frombuffer(block, np.uint8)
-    lengths = np.array(sizes, np.int64)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    too_short = np.flatnonzero(lengths < 2)
-    if len(too_short):
-        raise _malformed("a row shorter than its field count", int(too_short[0]))
-    fields = big_endian(data, starts, 2)
-    wrong = np.flatnonzero(fields != columns)
-    if len(wrong):
-        row = int(wrong[0])
-        raise _malformed(f"a row with {fields[row]} fields, expected {columns}", row)
-    position = starts + 2
-    buffer = pa.py_buffer(data)
-    offset_type, array_type = (
-        (np.int32, pa.binary()) if len(data) <= _INT32_OFFSETS_MAX else (np.int64, pa.large_binary())
-    )
-    even = pa.array(np.arange(0, 2 * len(lengths), 2, dtype=np.int64))
-    split: list[pa.Array] = []
-    for column in range(columns):
-        _check_fits(position + 4, ends, f"column {column + 1}'s length")
-        size = big_endian(data, position, 4)
-        if (size < -1).any():
-            raise _malformed(f"column {column + 1} has a negative length", int(np.flatnonzero(size < -1)[0]))
-        value_starts = position + 4
-        position = value_starts + np.maximum(size, 0)
-        _check_fits(position, ends, f"column {column + 1}'s value")
-        bounds = np.empty(2 * len(lengths), offset_type)
-        bounds[0::2] = value_starts
-        bounds[1::2] = position
-        between = pa.Array.from_buffers(array_type, len(bounds) - 1, [None, pa.py_buffer(bounds), buffer])
-        values = between.take(even)
-        valid = size >= 0
-        split.append(pa.Array.from_buffers(array_type, len(lengths), [validity_buffer(valid), *values.buffers()[1:]]))
-    _check_fits(position, ends, "the row's end", exact=True)
-    return split
-
-
-def _check_fits(reach: np.ndarray, ends: np.ndarray, what: str, *, exact: bool = False) -> None:
-    """Raise for the first row where ``reach`` passes (or, ``exact``, differs from) the row's end."""
-    bad = np.flatnonzero(reach != ends if exact else reach > ends)
-    if len(bad):
-        raise _malformed(f"{what} does not fit the row", int(bad[0]))
-
-
-def _malformed(reason: str, row: int) -> DecodeError:
-    return DecodeError(
-        f"malformed binary COPY data: {reason} (row {row + 1} of the block)", message_type="CopyData", offset=None
-    )
+@contextmanager
+def _malformed() -> Iterator[None]:
+    try:
+        yield
+    except ValueError as error:
+        raise DecodeError(f"malformed binary COPY data: {error}", message_type="CopyData", offset=None) from None

@@ -149,6 +149,7 @@ def unchanged_columns(mirror: Mirror, table: str, after: int) -> list[tuple[str,
     return [(r["_cdc_op"], r["_cdc_unchanged"]) for r in mirror.records(table) if r["_cdc_end_lsn"] > after]
 
 
+@pytest.mark.slow
 def test_keyed_merge_end_to_end(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """Inserts, updates with and without key changes, deletes; unchanged out-of-line TOAST values
     that only the Delta table has (same key, old key of a key change, a chain, a swap); TRUNCATE in

@@ -153,6 +153,7 @@ def _decode(captured: Captured, data: bytes) -> Message | None:
         return None
 
 
+@pytest.mark.slow
 def test_real_messages_decode_and_every_proper_prefix_is_rejected(corpus: list[Captured]) -> None:
     """A well-formed message is self-delimiting: each of its proper prefixes is a DecodeError."""
     for captured in corpus:

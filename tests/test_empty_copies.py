@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cdc_assets.apply.runner import rebuild_table
 from cdc_assets.online_snapshot import snapshot_tables
 from tests.conftest import Database
@@ -30,6 +32,7 @@ CREATE = (
 )
 
 
+@pytest.mark.slow
 def test_an_empty_online_copy_empties_the_delta_table_and_a_rebuild_starts_from_it(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:

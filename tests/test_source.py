@@ -533,6 +533,7 @@ def test_exported_snapshot_is_consistent(pg: Database) -> None:
     assert before | after == set(range(committed[-1]))
 
 
+@pytest.mark.slow
 def test_snapshot_values_match_pgoutput(pg_any: Database) -> None:
     """Snapshot values convert exactly as what pgoutput sends for the same rows, although the
     session's own settings (in the DSN) would format the text ones differently; in binary where the

@@ -149,6 +149,14 @@ static int add_message(RowSplitter *self, const unsigned char *message, Py_ssize
     return add_row(self, message, length);
 }
 
+static void free_columns(RowSplitter *self) {
+    for (int c = 0; c < self->columns; c++) {
+        PyMem_Free(self->column[c].values.data);
+        PyMem_Free(self->column[c].offsets.data);
+        PyMem_Free(self->column[c].validity.data);
+    }
+}
+
 static int RowSplitter_init(RowSplitter *self, PyObject *args, PyObject *kwds) {
     static char *keywords[] = {"columns", NULL};
     int columns;
@@ -157,21 +165,20 @@ static int RowSplitter_init(RowSplitter *self, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "a table has 0 to 1664 columns, not %d", columns);
         return -1;
     }
+    if (self->column) { /* __init__ called again: start empty */
+        free_columns(self);
+        PyMem_Free(self->column);
+        self->column = NULL;
+    }
     self->column = PyMem_Calloc(columns ? columns : 1, sizeof(Column));
     if (self->column == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     self->columns = columns;
+    self->rows = self->bytes = 0;
+    self->header_done = self->ended = 0;
     return 0;
-}
-
-static void free_columns(RowSplitter *self) {
-    for (int c = 0; c < self->columns; c++) {
-        PyMem_Free(self->column[c].values.data);
-        PyMem_Free(self->column[c].offsets.data);
-        PyMem_Free(self->column[c].validity.data);
-    }
 }
 
 static void RowSplitter_dealloc(RowSplitter *self) {

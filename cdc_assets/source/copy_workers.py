@@ -21,6 +21,7 @@ import signal
 import sys
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
 
@@ -41,24 +42,17 @@ WORKER_POLL_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
 
+@dataclass(slots=True)
 class WorkerPool(Generic[_R]):
     """The calling process is worker 0; ``count - 1`` worker processes join it once started. Each
     claims the next task by its index from a shared counter; the processes report on a queue:
     ``("rows", index, rows)``, ``("copied", index, result)``, ``("failed", error)``, ``("exit",)``."""
 
-    def __init__(
-        self,
-        source: SourceConfig,
-        snapshot_name: str,
-        tasks: list[CopyTask],
-        copier: RangeCopier[_R],
-        progress: Progress,
-    ) -> None:
-        self.source = source
-        self.snapshot_name = snapshot_name
-        self.tasks = tasks
-        self.copier = copier
-        self.progress = progress
+    source: SourceConfig
+    snapshot_name: str
+    tasks: list[CopyTask]
+    copier: RangeCopier[_R]
+    progress: Progress
 
     def run(self, count: int) -> Iterator[tuple[CopyTask, _R]]:
         context = multiprocessing.get_context("spawn")
@@ -214,13 +208,8 @@ def _range_blocks(conn: psycopg.Connection[Any], task: CopyTask, progress: Progr
             for columns in blocks:
                 progress(task, len(columns[0]) if columns else 0)
                 yield columns
-    except errors.InsufficientPrivilege as error:
-        raise SourcePermissionError(
-            f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
-        ) from None
     except psycopg.Error as error:
-        raise SourceError(
-            f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}"
-        ) from None
+        kind = SourcePermissionError if isinstance(error, errors.InsufficientPrivilege) else SourceError
+        raise kind(f"cannot copy table {relation.qualified_name}: {error.diag.message_primary or error}") from None
     except DecodeError as error:
         raise SourceError(f"cannot copy table {relation.qualified_name}: {error}") from None

@@ -118,9 +118,9 @@ def run_assemble(blocks: list[PeekBlock]) -> NullSink:
     """(c) Decode + assemble + Arrow: the drain's path from peeked rows to record batches."""
     sink = NullSink()
     assembler = TransactionAssembler(streaming="off")
-    assembler.start_call(sink, 0)  # type: ignore[arg-type]
+    assembler.start_session(sink, 0)  # type: ignore[arg-type]
     assembler.feed_blocks(blocks)
-    assembler.finish_call()
+    assembler.end_session()
     return sink
 
 

@@ -168,7 +168,7 @@ PHASES = {
     "server": "server: peek call until its first block of rows (decoding from restart_lsn)",
     "fetch": "client: waiting for the receiving process's next block, after the first",
     "process": "client: feed_blocks work (decode, assemble, Arrow, records to writer)",
-    "finish": "client: finish_call (last conversions, records to writer)",
+    "finish": "client: end_session (last conversions, records to writer)",
     "close": "writer.close (Parquet footers, fsync, transactions file)",
     "checkpoint": "write_checkpoint",
     "advance": "slot advance (server decodes the batch again)",
@@ -227,7 +227,7 @@ def phase_timers(acc: dict[str, float]) -> Iterator[None]:
     patched.append((SlotReader, "peek", original_peek))
     SlotReader.peek = peek  # type: ignore[method-assign]
     wrap(TransactionAssembler, "feed_blocks", "feed_blocks")
-    wrap(TransactionAssembler, "finish_call", "finish")
+    wrap(TransactionAssembler, "end_session", "finish")
     wrap(BatchWriter, "close", "close")
     wrap(drain_module, "write_checkpoint", "checkpoint")
     wrap(SlotReader, "advance", "advance")
@@ -626,7 +626,7 @@ def main() -> int:
                 )
             )
             print(
-                f"ratio if client processing (feed_blocks work + finish_call) cost nothing: {b['bound_free_processing']:.2f}"
+                f"ratio if client processing (feed_blocks work + end_session) cost nothing: {b['bound_free_processing']:.2f}"
             )
         ok &= rate["pass"]
     if "rss" in results:

@@ -132,6 +132,23 @@ class ScheduleConfig:
     freshness_minutes: int = 30
 
 
+FOLLOW_SECONDS = 0.0
+COMMIT_SECONDS = 2.0
+
+
+@dataclass(slots=True, frozen=True)
+class DrainConfig:
+    """How a drain reads the stream (``drain``).
+
+    ``follow_seconds``: how long one drain follows the slot's stream once it has caught up (0: it
+    stops as soon as it has caught up); ``commit_seconds``: how often a following drain makes what
+    it received durable (segments, checkpoint, then the slot's confirmed position), and so how
+    soon the change log's readers see a change."""
+
+    follow_seconds: float = FOLLOW_SECONDS
+    commit_seconds: float = COMMIT_SECONDS
+
+
 DELTA_MIN_RETENTION_HOURS = 168
 """Delta's VACUUM safety check: a retention below the table's ``delta.deletedFileRetentionDuration``
 (one week unless a table property changes it) can delete files a running reader or writer still
@@ -178,6 +195,7 @@ class Config:
     storage: StorageConfig = field(default_factory=StorageConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
     changelog_retention_hours: float = CHANGELOG_RETENTION_HOURS
     changelog_fold_min_share: float = FOLD_MIN_SHARE
     changelog_fold_max_segments: int = FOLD_MAX_SEGMENTS
@@ -266,6 +284,7 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
         tables=tables,
         spark=replace(spark, storage=storage) if delta_on_s3 else spark,
         schedule=reader.schedule(),
+        drain=reader.drain(),
         storage=storage,
         path=origin,
     )
@@ -488,6 +507,20 @@ class _Reader:
         )
         schedule.done()
         return result
+
+    def drain(self) -> DrainConfig:
+        if self.get("drain", None) is None:
+            return DrainConfig()
+        drain = self.section("drain")
+        commit = drain.number("commit_seconds", COMMIT_SECONDS, "a number of seconds")
+        if commit <= 0:
+            raise drain.fail("commit_seconds", f"expected a number of seconds above 0, got {commit!r}")
+        config = DrainConfig(
+            follow_seconds=drain.number("follow_seconds", FOLLOW_SECONDS, "a number of seconds"),
+            commit_seconds=commit,
+        )
+        drain.done()
+        return config
 
     def maintenance(self) -> MaintenanceConfig:
         if self.get("maintenance", None) is None:

@@ -1,15 +1,16 @@
 """One drain: the slot's committed transactions into the change log, exactly once.
 
 :func:`drain` follows ``docs/architecture.md`` ("The drain, step by step"): take the drain lock;
-reconcile the checkpoint with the slot (advance a slot left behind, refuse a slot that is ahead);
-delete what a dead drain left; then batch by batch peek, assemble, write the batch's files durably,
-replace the checkpoint, advance the slot — until the WAL position the drain started at is reached
-or the slot has nothing more; last, still under the lock, change-log retention
-(:mod:`cdc_assets.retention`).
+check the slot against the checkpoint (refuse a slot that is ahead); delete what a dead drain
+left; start the slot's replication stream at the checkpoint; then assemble what it sends and, batch
+by batch, write the batch's files durably, replace the checkpoint and confirm the new position to
+the server — until the WAL position the drain started at is reached, or, when following, until the
+follow time is up; last, still under the lock, change-log retention (:mod:`cdc_assets.retention`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,18 +24,28 @@ from cdc_assets.changelog.checkpoint import (
     write_checkpoint,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import LogStore
 from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotGapError
 from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn
-from cdc_assets.pgoutput.messages import RelationMessage
+from cdc_assets.pgoutput.decoder import PgoutputDecoder
+from cdc_assets.pgoutput.messages import (
+    BeginMessage,
+    BeginPrepareMessage,
+    CommitPreparedMessage,
+    LogicalDecodingMessage,
+    RelationMessage,
+    RollbackPreparedMessage,
+    StreamCommitMessage,
+    StreamPrepareMessage,
+)
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.retention import RetentionResult, retain
 from cdc_assets.source import (
     DrainLock,
-    SlotReader,
     SlotState,
     column_ndims,
     connect,
@@ -45,15 +56,25 @@ from cdc_assets.source import (
     server_major,
 )
 from cdc_assets.source.connection import one_row
-from cdc_assets.source.receiver import POOL as PEEK_CHILDREN
+from cdc_assets.stream.blocks import MessageBlock, StreamPosition
+from cdc_assets.stream.process import POOL as STREAM_CHILDREN
+from cdc_assets.stream.reader import SlotStream, StreamLostError
 from cdc_assets.transactions import TransactionAssembler
 
 FIRST_USER_OID = 10000
+RECONNECT_SECONDS = (1.0, 2.0, 5.0, 10.0)
+"""A following drain whose connection was lost reconnects after these pauses (the last repeats)."""
+TRANSACTION_ENDS = b"CP"
+"""Commit and Prepare: the messages after which no transaction is open, so a batch may end."""
+PING_SECONDS = 0.2
+"""How often a drain that is catching up asks the server how far it has sent."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class DrainProgress:
-    """Where a running drain is, after each batch (for progress displays and Dagster logs)."""
+    """Where a running drain is, after each durable batch (for progress displays and Dagster logs)."""
 
     batches: int
     transactions: int
@@ -73,6 +94,7 @@ class DrainResult:
     messages: int = 0
     checkpoint_lsn: int = 0
     start_lsn: int = 0
+    reconnects: int = 0
     slot: SlotState | None = None
     retention: RetentionResult | None = None
     elapsed_s: float = 0.0
@@ -82,6 +104,16 @@ class DrainResult:
         return sum(self.changes.values())
 
 
+@dataclass(slots=True, frozen=True)
+class DurableBatch:
+    """One batch made durable: its checkpoint, and the changes per table it added."""
+
+    checkpoint_lsn: int
+    transactions: int
+    changes: dict[str, int]
+    commit_time_us: int | None
+
+
 def drain(
     config: Config,
     *,
@@ -89,15 +121,22 @@ def drain(
     progress: Callable[[DrainProgress], None] | None = None,
     spill_dir: str | None = None,
     upto_lsn: int | None = None,
+    follow_seconds: float | None = None,
+    on_batch: Callable[[DurableBatch], None] | None = None,
 ) -> DrainResult:
     """Drain the configured slot into the change log until it holds every transaction that ended
-    by ``upto_lsn`` (default: the WAL position when the drain started).
+    by ``upto_lsn`` (default: the WAL position when the drain started); then, for
+    ``follow_seconds`` (default ``drain.follow_seconds``), go on following the stream, making it
+    durable every ``drain.commit_seconds``. An interrupt (Ctrl-C, SIGTERM) while following ends the
+    drain with a last durable batch.
 
-    ``wait``: wait for another drain of the slot instead of failing."""
+    ``wait``: wait for another drain of the slot instead of failing; ``on_batch`` is called after
+    each durable batch."""
     source = config.source
     store = config.changelog_store()
     started = time.monotonic()
-    PEEK_CHILDREN.prestart()
+    follow = config.drain.follow_seconds if follow_seconds is None else follow_seconds
+    STREAM_CHILDREN.prestart()
     with (
         DrainLock(source, wait),
         connect(source, purpose="drain") as conn,
@@ -110,78 +149,210 @@ def drain(
             )
         major = server_major(conn)
         slot = require_usable_slot(read_slot(conn, source.slot), source)
-        with SlotReader(conn, source, major, two_phase=slot.two_phase) as reader:
-            _reconcile(reader, slot, checkpoint)
-            ChangeLogReader(store).remove_stale()
-            if source.heartbeat:
-                emit_heartbeat(catalog_conn)
-            target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
-            result = DrainResult(start_lsn=checkpoint.lsn, checkpoint_lsn=checkpoint.lsn)
-            catalog = TypeCatalog()
-            assembler = TransactionAssembler(
-                streaming=source.streaming,
-                catalog=catalog,
-                describe=_describer(
-                    catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}
-                ),
-                slot=source.slot,
-                spill_dir=spill_dir,
-            )
-            limit = source.batch_changes
-            while True:
-                writer = BatchWriter(store, checkpoint)
-                assembler.start_call(writer, checkpoint.lsn)
-                try:
-                    with reader.peek(limit, upto_lsn=target) as blocks:
-                        fault_point("mid-batch")
-                        count = assembler.feed_blocks(blocks)
-                    assembler.finish_call()
-                except BaseException:
-                    writer.abandon()
+        _refuse_gap(slot, checkpoint)
+        ChangeLogReader(store).remove_stale()
+        if source.heartbeat:
+            emit_heartbeat(catalog_conn)
+        target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
+        catalog = TypeCatalog()
+        assembler = TransactionAssembler(
+            streaming=source.streaming,
+            catalog=catalog,
+            describe=_describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}),
+            slot=source.slot,
+            spill_dir=spill_dir,
+        )
+        run = _StreamRun(
+            config, store, checkpoint, assembler, DrainResult(start_lsn=checkpoint.lsn), started, progress, on_batch
+        )
+        deadline = None if upto_lsn is not None or follow <= 0 else started + follow
+        while True:
+            try:
+                with SlotStream(conn, source, major, slot.two_phase, run.checkpoint.lsn) as stream:
+                    run.follow(stream, target, upto_lsn, deadline)
+                break
+            except StreamLostError as error:
+                if deadline is None or time.monotonic() >= deadline:
                     raise
-                if assembler.last_end_lsn > checkpoint.lsn:
-                    checkpoint = writer.close(assembler.last_end_lsn)
-                    fault_point("after-segments")
-                    write_checkpoint(store, checkpoint)
-                    fault_point("after-checkpoint")
-                    reader.advance(checkpoint.lsn)
-                    fault_point("after-advance")
-                    writer.after_checkpoint()
-                    _add(result, writer)
-                else:
-                    writer.abandon()
-                    if assembler.completed:
-                        # Every transaction it completed is already in the log: the slot re-sent them
-                        # (it is behind the checkpoint). Move it up, or the next call repeats this one.
-                        reader.advance(checkpoint.lsn)
-                result.checkpoint_lsn = checkpoint.lsn
-                if progress is not None:
-                    progress(
-                        DrainProgress(
-                            result.batches,
-                            result.transactions,
-                            result.total_changes,
-                            checkpoint.lsn,
-                            target,
-                            time.monotonic() - started,
-                        )
-                    )
-                if count < limit or checkpoint.lsn >= target:
-                    break
-                # A call that completed nothing holds one transaction larger than the limit: ask for more.
-                limit = limit * 2 if assembler.completed == 0 else source.batch_changes
-            result.slot = read_slot(conn, source.slot)
-            result.retention = retain(config, ChangeLogReader(store), checkpoint)
+                pause = RECONNECT_SECONDS[min(run.result.reconnects, len(RECONNECT_SECONDS) - 1)]
+                log.warning("%s; reconnecting in %.0f s", error, pause)
+                run.result.reconnects += 1
+                time.sleep(pause)
+        result = run.result
+        result.slot = read_slot(conn, source.slot)
+        result.retention = retain(config, ChangeLogReader(store), run.checkpoint)
     result.elapsed_s = time.monotonic() - started
     return result
 
 
-def _reconcile(reader: SlotReader, slot: SlotState, checkpoint: Checkpoint) -> None:
-    """Bring the slot to the checkpoint, or refuse if it went past it (data loss)."""
+class _StreamRun:
+    """The drain's state across its replication sessions: the assembler, the open batch, the
+    checkpoint, and what the drain did so far."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: LogStore,
+        checkpoint: Checkpoint,
+        assembler: TransactionAssembler,
+        result: DrainResult,
+        started: float,
+        progress: Callable[[DrainProgress], None] | None,
+        on_batch: Callable[[DurableBatch], None] | None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.checkpoint = checkpoint
+        self.assembler = assembler
+        self.result = result
+        self.result.checkpoint_lsn = checkpoint.lsn
+        self.started = started
+        self.progress = progress
+        self.on_batch = on_batch
+        self.writer = BatchWriter(store, checkpoint)
+        self.target = 0
+
+    def follow(self, stream: SlotStream, target: int, upto: int | None, deadline: float | None) -> None:
+        """One replication session: assemble what ``stream`` sends, and make it durable batch by
+        batch, until caught up with ``target`` (and ``deadline`` is past) or ``upto`` is reached."""
+        self.target = target
+        assembler = self.assembler
+        if self.result.reconnects:  # what the lost session left of its batch is not valid
+            self.writer.abandon()
+            ChangeLogReader(self.store).remove_stale()
+            self.writer = BatchWriter(self.store, self.checkpoint)
+        assembler.start_session(self.writer, self.checkpoint.lsn)
+        commit_seconds = self.config.drain.commit_seconds
+        batch_changes = self.config.source.batch_changes
+        cut = _UptoCut(self.config.source.streaming, upto) if upto is not None else None
+        position = self.checkpoint.lsn  # every transaction that committed before it has been received
+        caught_up = reached = False
+        fed = 0  # messages in the open batch
+        backlog: MessageBlock | None = None  # the rest of a block split at a batch's end
+        asked = last_batch = time.monotonic()
+        stream.ping()
+        try:
+            while True:
+                now = time.monotonic()
+                due = last_batch + commit_seconds
+                wake = due if caught_up else min(due, asked + PING_SECONDS)
+                frame = backlog or stream.next(timeout=max(0.0, wake - now))
+                backlog = None
+                if isinstance(frame, MessageBlock) and not reached:
+                    if cut is not None:
+                        frame, reached = cut.head(frame)
+                    if fed + len(frame) >= batch_changes or now >= due:  # end the batch at the next Commit
+                        frame, backlog = frame.split_after(TRANSACTION_ENDS)
+                    fed += assembler.feed_blocks([frame])
+                    fault_point("mid-batch")
+                elif isinstance(frame, StreamPosition):
+                    if assembler.between_transactions:
+                        position = max(position, frame.lsn)
+                    caught_up = caught_up or position >= target
+                now = time.monotonic()
+                if not caught_up and now - asked >= PING_SECONDS:
+                    stream.ping()
+                    asked = now
+                finished = reached or (caught_up and (deadline is None or now >= deadline))
+                if assembler.between_transactions and (finished or now >= due or fed >= batch_changes):
+                    self._durable(stream, position if upto is None else min(position, upto))
+                    if finished:
+                        break
+                    stream.ping()  # a fresh position for the next batch
+                    last_batch = asked = time.monotonic()
+                    fed = 0
+        except KeyboardInterrupt:
+            if deadline is None or not assembler.between_transactions:
+                raise
+            self._durable(stream, position)  # a following drain that is interrupted keeps what it has
+        assembler.end_session()
+
+    def _durable(self, stream: SlotStream, position: int) -> None:
+        """Make the batch durable — segments, checkpoint, then the confirmed position — and start
+        the next one. Its checkpoint is the end of its last transaction, or the server's position if
+        that is later (nothing before it is left to receive)."""
+        assembler = self.assembler
+        assembler.flush()
+        lsn = max(assembler.last_end_lsn, position)
+        if lsn <= self.checkpoint.lsn:
+            return
+        writer = self.writer
+        checkpoint = writer.close(lsn)
+        fault_point("after-segments")
+        write_checkpoint(self.store, checkpoint)
+        fault_point("after-checkpoint")
+        stream.confirm(checkpoint.lsn)
+        fault_point("after-advance")
+        writer.after_checkpoint()
+        self.checkpoint = checkpoint
+        self._count(writer)
+        self.writer = BatchWriter(self.store, checkpoint, carried=writer.carried)
+        assembler.next_batch(self.writer, checkpoint.lsn)
+        summary = writer.summary
+        if self.on_batch is not None:
+            self.on_batch(
+                DurableBatch(checkpoint.lsn, summary.transactions, dict(summary.changes), writer.last_commit_time_us)
+            )
+        if self.progress is not None:
+            result = self.result
+            self.progress(
+                DrainProgress(
+                    result.batches,
+                    result.transactions,
+                    result.total_changes,
+                    checkpoint.lsn,
+                    self.target,
+                    time.monotonic() - self.started,
+                )
+            )
+
+    def _count(self, writer: BatchWriter) -> None:
+        result, summary = self.result, writer.summary
+        result.checkpoint_lsn = self.checkpoint.lsn
+        result.batches += 1
+        result.transactions += summary.transactions
+        result.messages += summary.messages
+        for table, count in summary.changes.items():
+            result.changes[table] = result.changes.get(table, 0) + count
+
+
+class _UptoCut:
+    """Where a drain up to ``upto`` stops: before the first transaction that ends after it (a
+    Begin whose commit record starts at or after ``upto``, or a transaction end past it), or before
+    a non-transactional message written at or after it."""
+
+    def __init__(self, streaming: Any, upto: int) -> None:
+        self._decoder = PgoutputDecoder(streaming)
+        self._upto = upto
+
+    def head(self, block: MessageBlock) -> tuple[MessageBlock, bool]:
+        """The part of ``block`` before the cut, and whether the cut is in it."""
+        upto = self._upto
+        for index, (_, data) in enumerate(block.rows()):
+            if data[:1] not in b"BbcpKrM" or not data:
+                continue
+            message = self._decoder.decode(data)
+            match message:
+                case BeginMessage():
+                    past = message.final_lsn >= upto
+                case LogicalDecodingMessage():
+                    past = not message.transactional and message.lsn >= upto
+                case BeginPrepareMessage() | StreamCommitMessage() | StreamPrepareMessage() | CommitPreparedMessage():
+                    past = message.end_lsn > upto
+                case RollbackPreparedMessage():
+                    past = message.rollback_end_lsn > upto
+                case _:
+                    past = False
+            if past:
+                return block.head(index), True
+        return block, False
+
+
+def _refuse_gap(slot: SlotState, checkpoint: Checkpoint) -> None:
+    """Refuse a slot that went past the checkpoint (data loss). A slot behind it is fine: the
+    stream starts at the checkpoint and confirms it at once."""
     confirmed = slot.confirmed_flush_lsn or 0
-    if confirmed < checkpoint.lsn:
-        reader.advance(checkpoint.lsn)  # the advance after the last checkpoint was lost
-    elif confirmed > checkpoint.lsn:
+    if confirmed > checkpoint.lsn:
         raise SlotGapError(
             f"replication slot {slot.name} has confirmed LSN {format_lsn(confirmed)}, past the change log's"
             f" checkpoint {format_lsn(checkpoint.lsn)}: transactions between the two were consumed by something"
@@ -237,12 +408,3 @@ def _describer(
         return schema
 
     return describe
-
-
-def _add(result: DrainResult, writer: BatchWriter) -> None:
-    summary = writer.summary
-    result.batches += 1
-    result.transactions += summary.transactions
-    result.messages += summary.messages
-    for table, count in summary.changes.items():
-        result.changes[table] = result.changes.get(table, 0) + count

@@ -155,14 +155,14 @@ def test_large_batches_are_written_before_the_call_ends(
     monkeypatch.setattr(spill, "CHUNK_ROWS", 8)
     sink = RecordingSink()
     assembler = TransactionAssembler()
-    assembler.start_call(sink, 0)
+    assembler.start_session(sink, 0)
     if block_size is None:
         for lsn, data in rows.rows:
             assembler.feed(lsn, data)
     else:
         assembler.feed_blocks(rows.blocks(block_size))
     written = len(sink.batches)
-    assembler.finish_call()
+    assembler.end_session()
     assert written > 10  # memory stays bounded: written as the call goes, not only at its end
     assert outcome(sink) == expected
 

@@ -123,10 +123,10 @@ def test_streams_a_call_leaves_open_are_forgotten() -> None:
     first.transaction(700, insert(2, "b"))
     assembler = TransactionAssembler(streaming="on")
     sink = RecordingSink()
-    assembler.start_call(sink, 0)
+    assembler.start_session(sink, 0)
     assembler.feed_blocks(first.blocks())
     assert assembler.open_streams == 1
-    assembler.finish_call()
+    assembler.end_session()
     assert assembler.open_streams == 0 and sink.changes() == [(700, 0, "insert", 2, "b")]
 
     again = Rows(start_lsn=first.lsn).relation()  # the next call sends the stream again whole

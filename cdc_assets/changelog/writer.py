@@ -97,7 +97,7 @@ class _MessageRow(TypedDict, total=False):
 class BatchWriter:
     """Writes the batch that starts at ``checkpoint.lsn``; see the module docstring."""
 
-    def __init__(self, store: LogStore, checkpoint: Checkpoint) -> None:
+    def __init__(self, store: LogStore, checkpoint: Checkpoint, carried: list[_MessageRow] | None = None) -> None:
         self.store = store
         self.start = checkpoint
         self.summary = BatchSummary()
@@ -109,7 +109,10 @@ class BatchWriter:
         self._parts: dict[str, int] = {}
         self._transactions = _TransactionLog()
         self._encoder = RowGroupEncoder()
-        self._messages: list[_MessageRow] = []
+        self._messages: list[_MessageRow] = list(carried or [])
+        self.carried: list[_MessageRow] = []
+        """Non-transactional messages past the checkpoint :meth:`close` wrote: the next batch of the
+        same replication session holds them (a new session receives them again)."""
 
     # -- ChangeSink -----------------------------------------------------------------------------
 
@@ -199,14 +202,21 @@ class BatchWriter:
         name = SegmentName(self.start.lsn, 0).file
         if self._transactions:
             self._write_file(f"{TRANSACTIONS}/{name}", self._transactions.table(), None, None)
-        # A non-transactional message past the new checkpoint is sent again by the next call.
+        # A non-transactional message past the new checkpoint belongs to the next batch.
         messages = [m for m in self._messages if m["transactional"] or self.start.lsn < m["lsn"] <= lsn]
+        self.carried = [m for m in self._messages if not m["transactional"] and m["lsn"] > lsn]
         if messages:
             self._write_file(f"{MESSAGES}/{name}", pa.Table.from_pylist(messages, MESSAGE_SCHEMA), None, None)
             self.summary.messages = len(messages)
         for folder in (TRANSACTIONS, MESSAGES):
             self.store.sync_folder(folder)
         return self.start.advanced(lsn, tables=self._tables, prepared=self._prepared)
+
+    @property
+    def last_commit_time_us(self) -> int | None:
+        """The commit time of the batch's latest transaction (None for a batch without any)."""
+        times = self._transactions.columns["commit_time"]
+        return max(int(t) for t in times) if times else None  # type: ignore[call-overload]
 
     def after_checkpoint(self) -> None:
         """Delete prepared transactions resolved in this batch (only once the checkpoint says so)."""

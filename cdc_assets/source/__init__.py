@@ -1,6 +1,6 @@
 """Everything that talks to the source database (psycopg 3): connections, checks, publication,
-slot state and creation, the exported-snapshot copy, catalog look-ups, peek and advance,
-heartbeat and the drain lock."""
+slot state and creation, the exported-snapshot copy, catalog look-ups, heartbeat and the drain
+lock. The slot's stream is :mod:`cdc_assets.stream`'s."""
 
 from cdc_assets.source.catalog import column_ndims, describe_table, load_type_catalog
 from cdc_assets.source.checks import (
@@ -25,13 +25,6 @@ from cdc_assets.source.publication import (
     publication_exists,
     published_tables,
 )
-from cdc_assets.source.reader import (
-    PeekBlock,
-    PeekedRow,
-    SlotReader,
-    max_proto_version,
-    pgoutput_options,
-)
 from cdc_assets.source.slots import SlotState, drop_slot, read_slot, require_usable_slot
 from cdc_assets.source.snapshot import (
     ExportedSnapshot,
@@ -46,10 +39,7 @@ __all__ = [
     "PINNED_SETTINGS",
     "DrainLock",
     "ExportedSnapshot",
-    "PeekBlock",
-    "PeekedRow",
     "ServerSettings",
-    "SlotReader",
     "SlotState",
     "SnapshotReader",
     "TableCopyLock",
@@ -66,8 +56,6 @@ __all__ = [
     "emit_heartbeat",
     "ensure_publication",
     "load_type_catalog",
-    "max_proto_version",
-    "pgoutput_options",
     "prune_publication",
     "publication_exists",
     "published_tables",

@@ -1,8 +1,8 @@
-"""The transaction assembler: rows of peek calls → committed transactions, written to a sink.
+"""The transaction assembler: the messages of a replication session → committed transactions, written to a sink.
 
 One module per way a transaction arrives, and what they share:
 
-* :mod:`.assembler` — :class:`TransactionAssembler`: per call state, and each row routed to one of
+* :mod:`.assembler` — :class:`TransactionAssembler`: per session state, and each message routed to one of
 * :mod:`.plain` — plain transactions (Begin … Commit), runs of them taken whole with numpy;
 * :mod:`.streamed` — streamed transactions and their subtransaction aborts;
 * :mod:`.two_phase` — Begin Prepare … Prepare, Stream Prepare, Commit / Rollback Prepared;

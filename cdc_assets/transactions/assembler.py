@@ -1,9 +1,10 @@
-"""The transaction assembler: rows of peek calls → committed transactions, written to a sink.
+"""The transaction assembler: the messages of a replication session → committed transactions,
+written to a sink.
 
-:class:`TransactionAssembler` is fed the ``(lsn, data)`` rows of a
-``pg_logical_slot_peek_binary_changes`` call in order, a block at a time. It keeps only what the
-protocol needs between rows — the Relation and Type messages of the current call (the server sends
-them again in every call) and the open transactions — and routes each row to the part that handles
+:class:`TransactionAssembler` is fed the ``(lsn, data)`` messages of a slot's stream in order, a
+block at a time. It keeps only what the protocol needs between messages — the Relation and Type
+messages of the current session (the server sends them again in every session) and the open
+transactions — and routes each message to the part that handles
 its kind of transaction: :mod:`~cdc_assets.transactions.plain`, :mod:`~cdc_assets.transactions.streamed`
 or :mod:`~cdc_assets.transactions.two_phase`. Those hand the sink the change records of committed
 transactions, per table in commit order.
@@ -38,7 +39,7 @@ from cdc_assets.pgoutput.messages import (
 )
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
-from cdc_assets.source.reader import PeekBlock
+from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.transactions.buffers import OwnTransaction, RecordBuilders
 from cdc_assets.transactions.plain import COMMIT, PLAIN_TYPES, BlockView, PlainTransactions
 from cdc_assets.transactions.sink import ChangeSink, Output
@@ -54,9 +55,10 @@ Target = PlainTransactions | OwnTransaction  # what takes the changes, messages 
 
 
 class TransactionAssembler:
-    """Turns the rows of peek calls into committed transactions; see the module docstring.
+    """Turns the messages of replication sessions into committed transactions; see the module
+    docstring.
 
-    Transactions whose end LSN is at or below the call's ``checkpoint_lsn`` are dropped: the slot
+    Transactions whose end LSN is at or below the batch's ``checkpoint_lsn`` are dropped: the slot
     re-sends them after a rewind (invariant 3)."""
 
     def __init__(
@@ -92,44 +94,56 @@ class TransactionAssembler:
 
     @property
     def completed(self) -> int:
-        """Transactions ended in the current call (committed, prepared or rolled back)."""
+        """Transactions ended in the current batch (committed, prepared or rolled back)."""
         return self._output.completed
 
     @property
     def open_streams(self) -> int:
-        """Streamed transactions begun in the current call and not yet committed or aborted."""
+        """Streamed transactions begun in this session and not yet committed or aborted."""
         return len(self._streams)
 
-    # -- per call ----------------------------------------------------------------------------
+    @property
+    def between_transactions(self) -> bool:
+        """No transaction is open between its Begin (or Begin Prepare) and its end: a batch may end
+        here. (Streamed transactions may be open: they are buffered on their own.)"""
+        return self._plain.current is None and self._two_phase.current is None
 
-    def start_call(self, sink: ChangeSink, checkpoint_lsn: int) -> None:
-        """Begin a peek call whose transactions go to ``sink``; those ending at or before
-        ``checkpoint_lsn`` are dropped. Forgets what the previous call sent: Relation and Type
+    # -- per session and batch -----------------------------------------------------------------
+
+    def start_session(self, sink: ChangeSink, checkpoint_lsn: int) -> None:
+        """Begin a replication session whose transactions go to ``sink``; those ending at or before
+        ``checkpoint_lsn`` are dropped. Forgets what the previous session sent: Relation and Type
         messages and partial streams."""
         self._output.start(sink, checkpoint_lsn)
         self._decoder = PgoutputDecoder(self.streaming)
         self._relations.clear()
-        self._plain.start_call()
+        self._plain.start_session()
         self._streams.discard()
         self._two_phase.current = None
 
-    def finish_call(self) -> None:
-        """Write every committed change buffered so far (call at the end of each peek call).
-
-        Streamed transactions still open are forgotten: the next call sends them again whole.
-        """
+    def flush(self) -> None:
+        """Write every committed change buffered so far to the sink; only between transactions."""
         txn = self._plain.current or self._two_phase.current
         if txn is not None:
             raise DecodeError(
-                f"the call ended inside transaction {txn.xid} (no Commit)", message_type=None, offset=0
+                f"the batch ended inside transaction {txn.xid} (no Commit)", message_type=None, offset=0
             ).at(lsn=self._lsn, slot=self.slot)
         self._plain.write()
+
+    def next_batch(self, sink: ChangeSink, checkpoint_lsn: int) -> None:
+        """Go on in the same session with a new batch (after :meth:`flush`), written to ``sink``."""
+        self._output.start(sink, checkpoint_lsn)
+
+    def end_session(self) -> None:
+        """:meth:`flush`, then forget the streamed transactions still open: the next session sends
+        them again whole."""
+        self.flush()
         self._streams.discard()
 
     # -- blocks --------------------------------------------------------------------------------
 
-    def feed_blocks(self, blocks: Iterable[PeekBlock]) -> int:
-        """Consume the blocks of a peek call; return how many rows there were.
+    def feed_blocks(self, blocks: Iterable[MessageBlock]) -> int:
+        """Consume blocks of the stream; return how many messages there were.
 
         In each block, runs of plain transactions (Begin, Insert, Update, Delete, Commit) are
         handled with numpy for the whole run — boundaries, commit fields, relations, positions —
@@ -141,7 +155,7 @@ class TransactionAssembler:
             count += len(block)
         return count
 
-    def _feed_block(self, block: PeekBlock) -> None:
+    def _feed_block(self, block: MessageBlock) -> None:
         ends = block.ends
         starts = block.starts()
         view = BlockView(block.data)
@@ -156,10 +170,10 @@ class TransactionAssembler:
             first = stop + 1
 
     def _plain_run(
-        self, view: BlockView, starts: np.ndarray, ends: np.ndarray, types: np.ndarray, block: PeekBlock, offset: int
+        self, view: BlockView, starts: np.ndarray, ends: np.ndarray, types: np.ndarray, block: MessageBlock, offset: int
     ) -> None:
         """Rows ``offset…`` of a block, all Begin/Commit/Insert/Update/Delete: to the plain
-        transactions whole when they are plain transactions of relations this call described;
+        transactions whole when they are plain transactions of relations this session described;
         else message by message (so errors are exact)."""
         count = len(starts)
         if self._streams.active is not None or self._decoder.in_stream or self._two_phase.current is not None:
@@ -175,14 +189,14 @@ class TransactionAssembler:
             else:
                 self._one_by_one(block, offset + done, offset + count)
 
-    def _one_by_one(self, block: PeekBlock, start: int, stop: int) -> None:
+    def _one_by_one(self, block: MessageBlock, start: int, stop: int) -> None:
         for lsn, data in block.rows(start, stop):
             self.feed(lsn, data)
 
     # -- rows ----------------------------------------------------------------------------------
 
     def feed(self, lsn: int, data: bytes) -> None:
-        """Consume one row of a peek call."""
+        """Consume one message of the stream."""
         self._lsn = lsn
         try:
             if data and data[0] in _CHANGE_TYPES:
@@ -293,7 +307,7 @@ class TransactionAssembler:
 
     def _unknown_relation(self, relation_oid: int, data: bytes) -> DecodeError:
         return DecodeError(
-            f"change for unknown relation OID {relation_oid}: no Relation message preceded it in this call",
+            f"change for unknown relation OID {relation_oid}: no Relation message preceded it in this session",
             message_type=message_name(data[0]),
             offset=1 + 4 * self._decoder.in_stream,
         )
@@ -302,7 +316,7 @@ class TransactionAssembler:
         schema = self._relations.get(relation_oid)
         if schema is None:
             raise DecodeError(
-                f"Truncate lists unknown relation OID {relation_oid}: no Relation message preceded it in this call",
+                f"Truncate lists unknown relation OID {relation_oid}: no Relation message preceded it in this session",
                 message_type="Truncate",
                 offset=0,
             )

@@ -1,4 +1,4 @@
-"""Plain transactions (Begin … Commit): contiguous in the output and always complete within a call.
+"""Plain transactions (Begin … Commit): contiguous in the output and always complete within a session.
 
 Their changes go to buffers shared by the whole batch, one per table, and are converted to Arrow
 in large chunks spanning many transactions — a transaction of four rows costs no numpy pipeline
@@ -72,12 +72,12 @@ class PlainTransactions:
         self._spill_dir = spill_dir
         self._commits = CommitTable()
         self._buffers = Buffers(builders, False, spill_dir, self._commits.locate)
-        self._by_relation: dict[int, RawBuffer] = {}  # the call's relations → their shared buffers
+        self._by_relation: dict[int, RawBuffer] = {}  # the session's relations → their shared buffers
         self._seq = 0  # the next sequence number
         self.current: PlainTransaction | None = None
 
-    def start_call(self) -> None:
-        """Forget the previous call's relations (each call describes them again)."""
+    def start_session(self) -> None:
+        """Forget the previous session's relations (each session describes them again)."""
         self._by_relation.clear()
         self.current = None
 
@@ -125,7 +125,7 @@ class PlainTransactions:
     def add_run(self, view: BlockView, starts: np.ndarray, ends: np.ndarray, types: np.ndarray) -> bool:
         """Rows at ``starts``/``ends`` of ``view`` of types ``types`` (all in :data:`PLAIN_TYPES`),
         starting outside any transaction, taken whole. False, and nothing done, unless every row is
-        well-formed, every relation described in this call and every Begin/Commit where it belongs."""
+        well-formed, every relation described in this session and every Begin/Commit where it belongs."""
         is_begin = types == BEGIN
         is_commit = types == COMMIT
         is_change = ~(is_begin | is_commit)

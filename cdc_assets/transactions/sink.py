@@ -1,5 +1,5 @@
 """What the assembler hands over, and to whom: the :class:`ChangeSink` protocol, the values it is
-given, and :class:`Output`, the current call's sink with how far its transactions got."""
+given, and :class:`Output`, the current batch's sink with how far its transactions got."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class ChangeSink(Protocol):
 
 
 class Output:
-    """The sink of the current peek call, shared by the assembler's parts, and how far the call's
+    """The sink of the current batch, shared by the assembler's parts, and how far the batch's
     transactions got: the highest end LSN seen, and how many transactions ended (committed,
     prepared or rolled back). Transactions ending at or below ``checkpoint_lsn`` are in the change
     log already (a rewound slot sends them again): they are counted, not written (invariant 3)."""

@@ -5,7 +5,7 @@ Stream Commit, Stream Abort or, on two-phase slots, Stream Prepare. Each is buff
 Inside a block every change carries the xid of its (sub)transaction. A Stream Abort of a
 subtransaction drops that subtransaction's changes and every later one, as PostgreSQL's apply
 worker truncates its spool file; a Stream Abort of the transaction itself drops it whole.
-A streamed transaction not ended in a call is forgotten: the next call sends it again whole.
+A streamed transaction not ended in a session is forgotten: the next session sends it again whole.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class StreamedTransaction(OwnTransaction):
 
 
 class StreamedTransactions:
-    """The streamed transactions of the current call, by xid, and the one whose block is open
+    """The streamed transactions of the current session, by xid, and the one whose block is open
     (``active``). ``write_earlier`` writes the changes of plain transactions committed before, so
     that a streamed transaction's records follow theirs."""
 
@@ -83,7 +83,7 @@ class StreamedTransactions:
         if txn is None:
             if not message.first_segment:
                 raise DecodeError(
-                    f"Stream Start continues transaction {message.xid}, whose first segment was not sent in this call",
+                    f"Stream Start continues transaction {message.xid}, whose first segment was not sent in this session",
                     message_type="Stream Start",
                     offset=5,
                 )
@@ -97,7 +97,7 @@ class StreamedTransactions:
     def abort(self, message: StreamAbortMessage) -> None:
         txn = self._by_xid.get(message.xid)
         if txn is None:
-            return  # not streamed in this call: nothing of it is buffered
+            return  # not streamed in this session: nothing of it is buffered
         if message.subtransaction_xid == message.xid:
             del self._by_xid[message.xid]
             txn.buffers.discard()
@@ -125,12 +125,12 @@ class StreamedTransactions:
         txn = self._by_xid.pop(xid, None)
         if txn is None:
             raise DecodeError(
-                f"{what} for transaction {xid}, which was not streamed in this call", message_type=what, offset=1
+                f"{what} for transaction {xid}, which was not streamed in this session", message_type=what, offset=1
             )
         return txn
 
     def discard(self) -> None:
-        """Forget every streamed transaction of the call."""
+        """Forget every streamed transaction of the session."""
         for txn in self._by_xid.values():
             txn.buffers.discard()
         self._by_xid.clear()

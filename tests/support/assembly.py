@@ -1,5 +1,5 @@
 """Hand-built peek calls for unit tests of the transaction assembler (no server): pgoutput rows
-with LSNs (:class:`Rows`), cut into :class:`PeekBlock` s, fed to a :class:`TransactionAssembler`
+with LSNs (:class:`Rows`), cut into :class:`MessageBlock` s, fed to a :class:`TransactionAssembler`
 whose sink records everything it is given (:class:`RecordingSink`).
 
 Usage::
@@ -33,7 +33,7 @@ from cdc_assets.pgoutput.messages import (
 )
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import INT4, TEXT
-from cdc_assets.source.reader import PeekBlock
+from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.transactions import CommitInfo, PreparedTransaction, TransactionalMessage, TransactionAssembler
 from tests.support.pgoutput_writer import encode
 
@@ -105,13 +105,13 @@ class Rows:
         self.begin(xid).add(*messages)
         return self.commit(xid)
 
-    def blocks(self, size: int = 8192) -> list[PeekBlock]:
+    def blocks(self, size: int = 8192) -> list[MessageBlock]:
         blocks = []
         for first in range(0, len(self.rows), size):
             part = self.rows[first : first + size]
             ends = np.cumsum([len(data) for _, data in part], dtype=np.int64)
             lsns = np.array([lsn for lsn, _ in part], dtype=np.int64)
-            blocks.append(PeekBlock(lsns, ends, b"".join(data for _, data in part)))
+            blocks.append(MessageBlock(lsns, ends, b"".join(data for _, data in part)))
         return blocks
 
 
@@ -190,11 +190,11 @@ def assemble(
     ``block_size`` rows, or row by row through :meth:`~TransactionAssembler.feed` if None."""
     sink = RecordingSink()
     assembler = assembler or TransactionAssembler(streaming=streaming)
-    assembler.start_call(sink, checkpoint_lsn)
+    assembler.start_session(sink, checkpoint_lsn)
     if block_size is None:
         for lsn, data in rows.rows:
             assembler.feed(lsn, data)
     else:
         assembler.feed_blocks(rows.blocks(block_size))
-    assembler.finish_call()
+    assembler.end_session()
     return sink

@@ -1,8 +1,8 @@
-"""The drain's side of :mod:`cdc_assets.peek_child`: child processes that receive peeks.
+"""The drain's side of :mod:`cdc_assets.stream.child`: child processes that receive the stream.
 
-A :class:`PeekChild` is one child process; it connects for one reader and disconnects when the
-reader is done, and the process is kept for the next reader in this process (starting Python
-and psycopg takes a few tenths of a second; connecting takes milliseconds).
+A :class:`StreamChild` is one child process; it holds one replication connection at a time, and
+the process is kept for the next stream in this process (starting Python and psycopg takes a few
+tenths of a second; connecting takes milliseconds).
 """
 
 from __future__ import annotations
@@ -24,48 +24,53 @@ import numpy as np
 
 import cdc_assets
 from cdc_assets.errors import SourceError
-from cdc_assets.peek_child import BLOCK, DONE, ERROR, HEADER, READY
+from cdc_assets.stream.blocks import MessageBlock, StreamPosition
+from cdc_assets.stream.child import BLOCK, DONE, ERROR, HEADER, POSITION, READY
 
 MAX_IDLE = 2
-"""Disconnected children kept for later readers."""
+"""Idle children kept for later streams."""
 EXIT_WAIT_S = 5.0
 """How long a child that stopped answering is given to exit, for its exit code."""
-
-
-@dataclass(slots=True, frozen=True)
-class PeekFrameBlock:
-    """The payload of a ``B`` frame: LSNs, end offsets and the joined messages."""
-
-    lsns: np.ndarray
-    ends: np.ndarray
-    data: bytes
+PIPE_BYTES = 1 << 20
+"""The pipe's buffer (Linux's default is 64 KiB: a block would take many context switches)."""
 
 
 @dataclass(slots=True, frozen=True)
 class ChildError:
-    """An ``E`` frame: the server's SQLSTATE (None if the failure was not the server's) and message."""
+    """An ``E`` frame: the server's SQLSTATE (None if the failure was not the server's), its
+    message, and for a message the stream cannot carry, the decoder's fields."""
 
     sqlstate: str | None
     message: str
     text: str
+    decode: dict[str, Any] | None = None
+    connecting: bool = False
 
 
-class PeekChild:
-    """A child process running :mod:`cdc_assets.peek_child`."""
+Frame = MessageBlock | StreamPosition | ChildError
+
+
+class StreamChild:
+    """A child process running :mod:`cdc_assets.stream.child`."""
 
     def __init__(self) -> None:
         root = str(Path(cdc_assets.__file__).resolve().parent.parent)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - open for the child's lifetime, closed in close()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "cdc_assets.peek_child"],
+            [sys.executable, "-m", "cdc_assets.stream.child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env=env,
         )
+        stdout = self._pipe(self._process.stdout)
+        with suppress(OSError, AttributeError):  # Linux only; a smaller pipe still works
+            import fcntl
+
+            fcntl.fcntl(stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self.backend_pid: int | None = None
-        self.connected = False
+        self.streaming = False
 
     @property
     def pid(self) -> int:
@@ -75,47 +80,48 @@ class PeekChild:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def connect(self, conninfo: str) -> None:
-        """Ask for a connection; :meth:`ready` waits for it."""
-        self._send({"conninfo": conninfo})
-        self.connected = True
+    def send(self, request: dict[str, Any]) -> None:
+        stdin = self._pipe(self._process.stdin)
+        try:
+            stdin.write(json.dumps(request).encode() + b"\n")
+            stdin.flush()
+        except OSError:
+            raise self._broken("it stopped reading requests") from None
 
-    def ready(self) -> int | ChildError:
-        """The connection's backend pid once connected, or why connecting failed."""
-        if self.backend_pid is None:
-            kind, a, _ = self._header()
-            if kind == ERROR:
-                self.connected = False
-                return self._error(a)
-            if kind != READY:
-                raise self._broken(f"unexpected frame {kind!r} instead of ready")
-            self.backend_pid = a
-        return self.backend_pid
+    def start(self, request: dict[str, Any]) -> int | ChildError:
+        """Connect and start streaming; the connection's backend pid, or why it failed."""
+        self.send(request)
+        kind, a, _ = self._header()
+        if kind == ERROR:
+            return self._error(a)
+        if kind != READY:
+            raise self._broken(f"unexpected frame {kind!r} instead of ready")
+        self.backend_pid = a
+        self.streaming = True
+        return a
 
-    def peek(self, request: dict[str, Any]) -> Iterator[PeekFrameBlock | ChildError]:
-        """Run one peek; yields its blocks, then a :class:`ChildError` if it failed."""
-        self._send(request)
+    def frames(self) -> Iterator[Frame]:
+        """The stream's frames until it ends: on request (nothing more), or with an error (the last)."""
         while True:
             kind, a, b = self._header()
             if kind == DONE:
+                self.streaming = False
                 return
             if kind == ERROR:
+                self.streaming = False
                 yield self._error(a)
                 return
-            if kind != BLOCK:
-                raise self._broken(f"unexpected frame {kind!r} in a peek")
-            lsns = np.frombuffer(self._read(8 * a), dtype=np.int64)
-            ends = np.frombuffer(self._read(8 * a), dtype=np.int64)
-            yield PeekFrameBlock(lsns, ends, self._read(b))
-
-    def disconnect(self) -> None:
-        """End the connection (closing standard input ends the process: see :meth:`close`)."""
-        self._send({"disconnect": True})
-        self.connected = False
-        self.backend_pid = None
+            if kind == POSITION:
+                yield StreamPosition(a)
+            elif kind == BLOCK:
+                lsns = np.frombuffer(self._read(8 * a), dtype=np.int64)
+                ends = np.frombuffer(self._read(8 * a), dtype=np.int64)
+                yield MessageBlock(lsns, ends, self._read(b))
+            else:
+                raise self._broken(f"unexpected frame {kind!r} in the stream")
 
     def kill(self) -> None:
-        """Stop at once (leaves the server backend to notice; see ``SlotReader``)."""
+        """Stop at once (leaves the server's walsender to notice; see ``SlotStream``)."""
         self._process.kill()
         self.close()
 
@@ -128,14 +134,6 @@ class PeekChild:
             if stream is not None:
                 stream.close()
 
-    def _send(self, message: dict[str, Any]) -> None:
-        stdin = self._pipe(self._process.stdin)
-        try:
-            stdin.write(json.dumps(message).encode() + b"\n")
-            stdin.flush()
-        except OSError:
-            raise self._broken("it stopped reading requests") from None
-
     def _header(self) -> tuple[bytes, int, int]:
         return HEADER.unpack(self._read(HEADER.size))
 
@@ -147,7 +145,9 @@ class PeekChild:
 
     def _error(self, size: int) -> ChildError:
         fields = json.loads(self._read(size))
-        return ChildError(fields["sqlstate"], fields["message"], fields["text"])
+        return ChildError(
+            fields["sqlstate"], fields["message"], fields["text"], fields.get("decode"), fields.get("connecting", False)
+        )
 
     def _pipe(self, stream: IO[bytes] | None) -> IO[bytes]:
         assert stream is not None  # both pipes are opened in __init__
@@ -162,26 +162,26 @@ class PeekChild:
         detail = self._stderr.read().decode(errors="replace").strip()[-2000:]
         status = "is running" if code is None else f"exited with code {code}"
         return SourceError(
-            f"the peek's receiving process (pid {self.pid}) failed: {what}; it {status}"
+            f"the stream's receiving process (pid {self.pid}) failed: {what}; it {status}"
             + (f"; its error output: {detail}" if detail else "")
         )
 
 
-class PeekChildPool:
-    """Idle children, shared by the readers of this process."""
+class StreamChildPool:
+    """Idle children, shared by the streams of this process."""
 
     def __init__(self) -> None:
-        self._idle: list[PeekChild] = []
+        self._idle: list[StreamChild] = []
         self._lock = threading.Lock()
         atexit.register(self.clear)
 
     def prestart(self) -> None:
-        """Start a child now if none is idle, so that it is ready by the time a reader needs it."""
+        """Start a child now if none is idle, so that it is ready by the time a stream needs it."""
         with self._lock:
             if not self._idle:
-                self._idle.append(PeekChild())
+                self._idle.append(StreamChild())
 
-    def acquire(self) -> PeekChild:
+    def acquire(self) -> StreamChild:
         """An idle child that is still alive, or a new one."""
         with self._lock:
             while self._idle:
@@ -189,14 +189,11 @@ class PeekChildPool:
                 if child.alive:
                     return child
                 child.close()
-        return PeekChild()
+        return StreamChild()
 
-    def release(self, child: PeekChild) -> None:
-        """Back to the pool, disconnected (a child that fails to disconnect is closed)."""
-        try:
-            if child.connected and not isinstance(child.ready(), ChildError):
-                child.disconnect()
-        except SourceError:
+    def release(self, child: StreamChild) -> None:
+        """Back to the pool: only a child whose stream ended (a streaming one is killed)."""
+        if child.streaming or not child.alive:
             child.kill()
             return
         with self._lock:
@@ -212,4 +209,4 @@ class PeekChildPool:
             child.close()
 
 
-POOL = PeekChildPool()
+POOL = StreamChildPool()

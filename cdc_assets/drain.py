@@ -57,6 +57,7 @@ from cdc_assets.source import (
 )
 from cdc_assets.source.connection import one_row
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
+from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.process import POOL as STREAM_CHILDREN
 from cdc_assets.stream.reader import SlotStream, StreamLostError
 from cdc_assets.transactions import TransactionAssembler
@@ -154,6 +155,7 @@ def drain(
         if source.heartbeat:
             emit_heartbeat(catalog_conn)
         target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
+        options = pgoutput_options(source, major, two_phase=slot.two_phase)
         catalog = TypeCatalog()
         assembler = TransactionAssembler(
             streaming=source.streaming,
@@ -168,7 +170,7 @@ def drain(
         deadline = None if upto_lsn is not None or follow <= 0 else started + follow
         while True:
             try:
-                with SlotStream(conn, source, major, slot.two_phase, run.checkpoint.lsn) as stream:
+                with SlotStream(conn, source, options, run.checkpoint.lsn) as stream:
                     run.follow(stream, target, upto_lsn, deadline)
                 break
             except StreamLostError as error:

@@ -42,6 +42,7 @@ from cdc_assets.pgoutput.messages import (
     UpdateMessage,
 )
 from tests.conftest import Database
+from tests.support.peek import peek
 from tests.support.pgoutput_writer import encode
 
 FUZZ = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,10 +58,7 @@ class Captured:
 
 
 def _peek(conn: Any, slot: str, options: list[str]) -> Iterator[bytes]:
-    rows = conn.execute(
-        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, VARIADIC %s)", (slot, options)
-    ).fetchall()
-    return (bytes(data) for (data,) in rows)
+    return (row.data for row in peek(conn, slot, options))
 
 
 def capture_corpus(db: Database) -> list[Captured]:

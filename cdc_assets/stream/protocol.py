@@ -127,6 +127,8 @@ def decode_status_update(data: bytes) -> StandbyStatusUpdate:
         raise DecodeError(f"type {data[:1]!r} is not a standby status update", message_type=None, offset=0)
     _require(data, STANDBY_STATUS_UPDATE.size, "standby status update", exact=True)
     _, written, flushed, applied, clock, reply = STANDBY_STATUS_UPDATE.unpack_from(data)
+    if reply > 1:
+        raise DecodeError(f"reply flag {reply} is neither 0 nor 1", message_type="standby status update", offset=33)
     return StandbyStatusUpdate(written, flushed, applied, clock + POSTGRES_EPOCH_US, bool(reply))
 
 

@@ -27,7 +27,7 @@ from cdc_assets.source.connection import PINNED_SETTINGS, connect_failure, conni
 from cdc_assets.source.failures import diagnose, publication_missing_error
 from cdc_assets.source.publication import publication_exists
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
-from cdc_assets.stream.options import pgoutput_options, start_replication_command
+from cdc_assets.stream.options import start_replication_command
 from cdc_assets.stream.process import POOL, ChildError, StreamChild
 
 QUEUED_FRAMES = 16
@@ -47,31 +47,32 @@ class StreamLostError(SourceError):
 
 
 class SlotStream:
-    """The slot's stream from ``start_lsn``; see the module docstring.
+    """The slot's stream from ``start_lsn`` (0: from the slot's confirmed position); see the module
+    docstring.
 
-    ``conn`` is an autocommit connection for checks and diagnosis; ``two_phase`` the slot's
-    ``two_phase`` flag as read from ``pg_replication_slots`` (invariant 6). The stream starts in
-    the constructor and reports ``start_lsn`` as flushed at once.
+    ``conn`` is an autocommit connection for checks and diagnosis; ``options`` pgoutput's
+    (:func:`~cdc_assets.stream.options.pgoutput_options`). The stream starts in the constructor and
+    reports ``start_lsn`` as flushed at once (0 reports nothing).
     """
 
     def __init__(
         self,
         conn: psycopg.Connection[Any],
         config: SourceConfig,
-        server_version: int,
-        two_phase: bool,
+        options: list[tuple[str, str]],
         start_lsn: int,
         *,
         status_seconds: float = STATUS_SECONDS,
+        settings: dict[str, str] | None = None,
     ) -> None:
         require_replication_role(conn)  # else the connection is refused with nothing to diagnose
-        if not publication_exists(conn, config.publication):  # PostgreSQL 18 only warns and sends nothing
-            raise publication_missing_error(config.publication, config.slot, start_lsn)
+        for publication in config.publication.split(","):  # PostgreSQL 18 only warns and sends nothing
+            if not publication_exists(conn, publication.strip()):
+                raise publication_missing_error(publication.strip(), config.slot, start_lsn)
         self._conn = conn
         self._config = config
         self.confirmed = start_lsn
         self.last_lsn = start_lsn
-        options = pgoutput_options(config, server_version, two_phase=two_phase)
         self.command = start_replication_command(config.slot, start_lsn, options)
         self._frames: queue.Queue[MessageBlock | StreamPosition | ChildError | BaseException | None] = queue.Queue(
             maxsize=QUEUED_FRAMES
@@ -83,7 +84,7 @@ class SlotStream:
         started = child.start(
             {
                 "conninfo": conninfo(config, purpose="stream", replication=True),
-                "setup": [f"SET {name} = '{value}'" for name, value in PINNED_SETTINGS.items()],
+                "setup": [f"SET {name} = '{value}'" for name, value in (PINNED_SETTINGS | (settings or {})).items()],
                 "start": self.command,
                 "flushed": start_lsn,
                 "status_seconds": status_seconds,

@@ -1,8 +1,10 @@
-"""Peek a pgoutput slot over SQL and decode what comes back.
+"""Peek a pgoutput slot over the replication stream and decode what comes back.
 
 Small building blocks for tests that drive a real server: the pgoutput options a server version
-accepts, the session settings that make text output deterministic, a peek that returns integer
-LSNs and xids, and a few catalog/xid look-ups to compare decoded messages with.
+accepts, the session settings that make text output deterministic, a peek (every pending message,
+read over the streaming replication protocol without moving the slot) that returns integer LSNs
+and the transaction of each message, and a few catalog/xid look-ups to compare decoded messages
+with.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from typing import Any, Literal
 
 import psycopg
 
+from cdc_assets.config import SourceConfig
 from cdc_assets.pgoutput.decoder import PgoutputDecoder
 from cdc_assets.pgoutput.messages import Message
+from cdc_assets.stream.blocks import MessageBlock
+from cdc_assets.stream.reader import SlotStream
 
 Streaming = Literal["off", "on", "parallel"]
 
@@ -85,7 +90,8 @@ def apply_session_settings(conn: psycopg.Connection[Any]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PeekedRow:
-    """One row of ``pg_logical_slot_peek_binary_changes``: its ``lsn`` and ``xid`` columns as ints."""
+    """One message of the stream: its LSN, the xid of the transaction it belongs to (0 outside
+    one; a Stream Abort's is the aborted subtransaction's) and its bytes."""
 
     lsn: int
     xid: int
@@ -105,14 +111,65 @@ class Decoded:
         return self.message.type_byte
 
 
+SESSION_GUCS = ("debug_logical_replication_streaming", "logical_decoding_work_mem")
+"""Settings of the test's connection that the decoding session takes over (16+ for the first)."""
+
+
 def peek(conn: psycopg.Connection[Any], slot: str, options: Sequence[str]) -> list[PeekedRow]:
-    """Peek every pending row of ``slot`` (the slot does not move)."""
-    rows = conn.execute(
-        "SELECT (lsn - '0/0'::pg_lsn)::int8, xid::text::int8, data"
-        " FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, VARIADIC %s::text[])",
-        (slot, list(options)),
-    ).fetchall()
-    return [PeekedRow(lsn, xid, bytes(data)) for lsn, xid, data in rows]
+    """Every message ``slot`` holds up to the current WAL position, read over the replication
+    stream (the slot does not move), decoded under ``conn``'s session settings."""
+    pairs = list(zip(options[::2], options[1::2]))
+    publication = dict(pairs)["publication_names"]
+    source = SourceConfig(dsn=conn.info.dsn, slot=slot, publication=publication)
+    settings = {name: str(current) for name, current in _session_settings(conn)}
+    target = current_wal_lsn(conn)
+    rows: list[tuple[int, bytes]] = []
+    with SlotStream(conn, source, pairs, 0, settings=settings) as stream:
+        stream.ping()
+        deadline = time.monotonic() + 60
+        while True:
+            frame = stream.next(timeout=max(0.0, deadline - time.monotonic()))
+            if frame is None:
+                raise TimeoutError(f"slot {slot} did not reach {target:#x} within 60 s")
+            if isinstance(frame, MessageBlock):
+                rows.extend(frame.rows())
+            elif frame.lsn >= target:
+                break
+            else:
+                stream.ping()
+    streaming = dict(pairs).get("streaming", "off")
+    mode: Streaming = "parallel" if streaming == "parallel" else "off" if streaming == "off" else "on"
+    return [PeekedRow(lsn, xid, data) for (lsn, data), xid in zip(rows, _xids(rows, mode))]
+
+
+def _session_settings(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    names = [name for name in SESSION_GUCS if conn.info.server_version >= 160000 or not name.startswith("debug")]
+    names += [statement.split()[1] for statement in SESSION_SETTINGS]
+    return conn.execute("SELECT name, current_setting(name) FROM unnest(%s::text[]) name", (names,)).fetchall()
+
+
+def _xids(rows: Sequence[tuple[int, bytes]], streaming: Streaming) -> Iterator[int]:
+    """The transaction of each message: Begin … Commit, Begin Prepare … Prepare and the single
+    messages that end a prepared or streamed transaction carry it; a Stream Start opens a block of
+    its transaction; a Stream Abort names the subtransaction it aborts."""
+    decoder = PgoutputDecoder(streaming=streaming)
+    current = 0
+    for _, data in rows:
+        message = decoder.decode(data)
+        xid = getattr(message, "xid", None)
+        kind = data[:1]
+        if kind in (b"B", b"b", b"S"):
+            current = xid or 0
+            yield current
+        elif kind in (b"C", b"P", b"E"):
+            yield current
+            current = 0
+        elif kind == b"A":
+            yield message.subtransaction_xid  # type: ignore[union-attr]
+        elif kind in (b"c", b"p", b"K", b"r"):
+            yield xid or 0
+        else:
+            yield current
 
 
 def decode_rows(rows: Iterable[PeekedRow], streaming: Streaming = "off") -> list[Decoded]:

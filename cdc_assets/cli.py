@@ -111,8 +111,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     snapshot = command("snapshot", "copy configured tables again while the drain goes on (online snapshot)", _snapshot)
     snapshot.add_argument("tables", nargs="+", metavar="TABLE", help="a configured table (schema.table)")
-    drain = command("drain", "drain the slot into the change log until caught up", _drain)
+    drain = command("drain", "drain the slot into the change log until caught up (and follow it)", _drain)
     drain.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
+    drain.add_argument(
+        "--follow",
+        type=_seconds,
+        metavar="SECONDS",
+        help="once caught up, follow the slot's stream this long (default: drain.follow_seconds, 0 = stop)",
+    )
     apply = command("apply", "merge the change log into the Delta tables", _apply)
     apply.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
     maintain = command("maintain", "compact, purge deletion vectors and vacuum the Delta tables when due", _maintain)
@@ -186,6 +192,17 @@ def _snapshot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """A ``--follow`` value: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text!r}")
+    return value
+
+
 def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
     from cdc_assets.drain import DrainProgress, drain
 
@@ -199,7 +216,7 @@ def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
             f" checkpoint {format_lsn(p.checkpoint_lsn)} of {format_lsn(p.target_lsn)}"
         )
 
-    result = drain(config, wait=args.wait, progress=show)
+    result = drain(config, wait=args.wait, progress=show, follow_seconds=getattr(args, "follow", None))
     progress.done()
     print(
         f"drained {result.transactions:,} transactions, {result.total_changes:,} changes in {result.batches} batches"
@@ -209,6 +226,8 @@ def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
         print(f"  {table}: {count:,} changes")
     if result.slot is not None and result.slot.lag_bytes is not None:
         print(f"slot {result.slot.name}: lag {result.slot.lag_bytes:,} bytes, WAL status {result.slot.wal_status}")
+    if result.held is not None and (warning := result.held.warning()) is not None:
+        print(warning)
     for line in result.retention.lines() if result.retention else []:
         print(line)
     return 0

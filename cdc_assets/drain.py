@@ -56,6 +56,7 @@ from cdc_assets.source import (
     server_major,
 )
 from cdc_assets.source.connection import one_row
+from cdc_assets.source.slot_holders import HeldWal, read_held_wal
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.process import POOL as STREAM_CHILDREN
@@ -97,6 +98,7 @@ class DrainResult:
     start_lsn: int = 0
     reconnects: int = 0
     slot: SlotState | None = None
+    held: HeldWal | None = None  # the WAL the slot holds behind restart_lsn, and what pins it
     retention: RetentionResult | None = None
     elapsed_s: float = 0.0
 
@@ -128,8 +130,8 @@ def drain(
     """Drain the configured slot into the change log until it holds every transaction that ended
     by ``upto_lsn`` (default: the WAL position when the drain started); then, for
     ``follow_seconds`` (default ``drain.follow_seconds``), go on following the stream, making it
-    durable every ``drain.commit_seconds``. An interrupt (Ctrl-C, SIGTERM) while following ends the
-    drain with a last durable batch.
+    durable every ``drain.commit_seconds``. An interrupt (Ctrl-C, SIGTERM) ends the drain with a
+    last durable batch, confirmed to the server, when no transaction is half received.
 
     ``wait``: wait for another drain of the slot instead of failing; ``on_batch`` is called after
     each durable batch."""
@@ -157,15 +159,15 @@ def drain(
         target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
         options = pgoutput_options(source, major, two_phase=slot.two_phase)
         catalog = TypeCatalog()
-        assembler = TransactionAssembler(
-            streaming=source.streaming,
-            catalog=catalog,
-            describe=_describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}),
-            slot=source.slot,
-            spill_dir=spill_dir,
-        )
+        describe = _describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()})
+
+        def new_assembler() -> TransactionAssembler:
+            return TransactionAssembler(
+                streaming=source.streaming, catalog=catalog, describe=describe, slot=source.slot, spill_dir=spill_dir
+            )
+
         run = _StreamRun(
-            config, store, checkpoint, assembler, DrainResult(start_lsn=checkpoint.lsn), started, progress, on_batch
+            config, store, checkpoint, new_assembler, DrainResult(start_lsn=checkpoint.lsn), started, progress, on_batch
         )
         deadline = None if upto_lsn is not None or follow <= 0 else started + follow
         while True:
@@ -182,6 +184,7 @@ def drain(
                 time.sleep(pause)
         result = run.result
         result.slot = read_slot(conn, source.slot)
+        result.held = read_held_wal(conn, source.slot)
         result.retention = retain(config, ChangeLogReader(store), run.checkpoint)
     result.elapsed_s = time.monotonic() - started
     return result
@@ -196,7 +199,7 @@ class _StreamRun:
         config: Config,
         store: LogStore,
         checkpoint: Checkpoint,
-        assembler: TransactionAssembler,
+        new_assembler: Callable[[], TransactionAssembler],
         result: DrainResult,
         started: float,
         progress: Callable[[DrainProgress], None] | None,
@@ -205,7 +208,8 @@ class _StreamRun:
         self.config = config
         self.store = store
         self.checkpoint = checkpoint
-        self.assembler = assembler
+        self.new_assembler = new_assembler
+        self.assembler = new_assembler()
         self.result = result
         self.result.checkpoint_lsn = checkpoint.lsn
         self.started = started
@@ -218,11 +222,12 @@ class _StreamRun:
         """One replication session: assemble what ``stream`` sends, and make it durable batch by
         batch, until caught up with ``target`` (and ``deadline`` is past) or ``upto`` is reached."""
         self.target = target
-        assembler = self.assembler
-        if self.result.reconnects:  # what the lost session left of its batch is not valid
+        if self.result.reconnects:  # what the lost session left is not valid: its batch, its assembly
             self.writer.abandon()
             ChangeLogReader(self.store).remove_stale()
             self.writer = BatchWriter(self.store, self.checkpoint)
+            self.assembler = self.new_assembler()
+        assembler = self.assembler
         assembler.start_session(self.writer, self.checkpoint.lsn)
         commit_seconds = self.config.drain.commit_seconds
         batch_changes = self.config.source.batch_changes
@@ -244,7 +249,8 @@ class _StreamRun:
                     if cut is not None:
                         frame, reached = cut.head(frame)
                     if fed + len(frame) >= batch_changes or now >= due:  # end the batch at the next Commit
-                        frame, backlog = frame.split_after(TRANSACTION_ENDS)
+                        at = 0 if now >= due else batch_changes - fed - 1
+                        frame, backlog = frame.split_after(TRANSACTION_ENDS, at)
                     fed += assembler.feed_blocks([frame])
                     fault_point("mid-batch")
                 elif isinstance(frame, StreamPosition):
@@ -263,10 +269,12 @@ class _StreamRun:
                     stream.ping()  # a fresh position for the next batch
                     last_batch = asked = time.monotonic()
                     fed = 0
-        except KeyboardInterrupt:
-            if deadline is None or not assembler.between_transactions:
+        except BaseException as interrupt:  # Ctrl-C, SIGTERM, a Dagster run's termination
+            if isinstance(interrupt, Exception) or not assembler.between_transactions:
                 raise
-            self._durable(stream, position)  # a following drain that is interrupted keeps what it has
+            self._durable(stream, position)  # keep what was received, confirmed, before stopping
+            stream.stop()
+            raise
         assembler.end_session()
 
     def _durable(self, stream: SlotStream, position: int) -> None:

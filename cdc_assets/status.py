@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from cdc_assets.apply.target import table_applied_lsn
@@ -13,7 +14,15 @@ from cdc_assets.errors import SourceError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import unix_time
 from cdc_assets.retention import Hold, table_hold
-from cdc_assets.source import SlotState, connect, read_slot
+from cdc_assets.source import (
+    HELD_WAL_WARN_BYTES,
+    HeldWal,
+    PinningTransaction,
+    SlotState,
+    connect,
+    read_held_wal,
+    read_slot,
+)
 
 
 @dataclass(slots=True)
@@ -44,9 +53,11 @@ class Status:
     snapshot_lsn: int | None
     tables: list[TableStatus] = field(default_factory=list)
     source_error: str | None = None
+    held_wal: HeldWal | None = None  # the WAL behind the slot's restart_lsn and the transaction pinning it
 
     def to_json(self) -> dict[str, Any]:
         slot = self.slot
+        held = self.held_wal
         return {
             "slot": {
                 "name": self.slot_name,
@@ -60,6 +71,17 @@ class Status:
                 "two_phase": slot.two_phase if slot else None,
                 "active_pid": slot.active_pid if slot else None,
             },
+            "held_wal": (
+                {
+                    "bytes": held.held_bytes,
+                    "restart_lsn": _lsn(held.restart_lsn),
+                    "warn_bytes": HELD_WAL_WARN_BYTES,
+                    "warning": held.over(),
+                    "pinned_by": _pinned_json(held.pinned_by),
+                }
+                if held
+                else None
+            ),
             "source_error": self.source_error,
             "checkpoint_lsn": _lsn(self.checkpoint_lsn),
             "snapshot_lsn": _lsn(self.snapshot_lsn),
@@ -106,6 +128,8 @@ class Status:
                 f" lag {slot.lag_bytes or 0:,} bytes, WAL status {slot.wal_status}"
                 + (f", safe WAL size {slot.safe_wal_size:,} bytes" if slot.safe_wal_size is not None else "")
             )
+        if self.held_wal is not None:
+            out += _held_lines(self.held_wal)
         if self.checkpoint_lsn is None:
             out.append("change log: not set up")
         else:
@@ -141,6 +165,7 @@ def read_status(config: Config) -> Status:
     try:
         with connect(config.source, purpose="status") as conn:
             status.slot = read_slot(conn, config.source.slot)
+            status.held_wal = read_held_wal(conn, config.source.slot)
     except SourceError as error:
         status.source_error = str(error)
     for table in config.tables:
@@ -160,6 +185,43 @@ def read_status(config: Config) -> Status:
             )
         )
     return status
+
+
+def _held_lines(held: HeldWal) -> list[str]:
+    if held.held_bytes is None:
+        return []
+    pinned = held.pinned_by
+    out = [
+        f"  held WAL: {held.held_bytes:,} bytes behind restart LSN {_lsn(held.restart_lsn)}; oldest transaction"
+        + (f" with an xid: {pinned.describe()}" if pinned else ": none holds an xid")
+    ]
+    warning = held.warning()
+    if warning:
+        out.append(f"WARNING: {warning}")
+    return out
+
+
+def _pinned_json(pinned: PinningTransaction | None) -> dict[str, Any] | None:
+    if pinned is None:
+        return None
+    return {
+        "pid": pinned.pid,
+        "gid": pinned.gid,
+        "xid": pinned.xid,
+        "xid_age": pinned.xid_age,
+        "state": pinned.state,
+        "started_at": _timestamp(pinned.started_at),
+        "age_seconds": None if pinned.age_seconds is None else round(pinned.age_seconds, 3),
+        "query_start": _timestamp(pinned.query_start),
+        "query": pinned.query,
+        "user": pinned.user,
+        "application_name": pinned.application_name,
+        "database": pinned.database,
+    }
+
+
+def _timestamp(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="seconds")
 
 
 def _time(microseconds: int) -> str:

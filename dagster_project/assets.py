@@ -8,6 +8,7 @@ Pools keep one drain per slot and one writer per Delta table at a time (set the 
 ``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
 """
 
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -19,7 +20,7 @@ from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, TableConfig
-from cdc_assets.drain import DrainProgress, DrainResult, drain
+from cdc_assets.drain import DrainProgress, DrainResult, DurableBatch, drain
 from cdc_assets.errors import CdcError
 from cdc_assets.history import history_rows, write_history
 from cdc_assets.lsn import format_lsn
@@ -32,6 +33,7 @@ CHANGELOG_KEY = dg.AssetKey(["cdc", "changelog"])
 REBUILD_KEY = dg.AssetKey(["cdc", "rebuild"])
 SNAPSHOT_KEY = dg.AssetKey(["cdc", "snapshot"])
 PROGRESS_INTERVAL_S = 10.0
+REPORT_INTERVAL_S = 30.0
 
 
 def table_slug(table: TableConfig) -> str:
@@ -65,7 +67,8 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
         kinds={"postgres", "parquet"},
         description=(
             f"Drains replication slot {slot} into the change log at {settings.config.changelog_path}: committed"
-            " transactions as Parquet segments, then the checkpoint, then the slot advance (exactly once)."
+            " transactions as Parquet segments, then the checkpoint, then the slot's confirmed position (exactly"
+            f" once); follows the stream for {settings.config.drain.follow_seconds:g} s after catching up."
         ),
     )
     def changelog(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult[None]:
@@ -75,10 +78,41 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
                 f" checkpoint {format_lsn(progress.checkpoint_lsn)} of {format_lsn(progress.target_lsn)}"
             )
 
-        result = drain(source.config(), wait=True, progress=log)
+        result = drain(source.config(), wait=True, progress=log, on_batch=BatchReports(context))
         return dg.MaterializeResult(metadata=drain_metadata(result))
 
     return changelog
+
+
+class BatchReports:
+    """While a drain follows the stream, a materialization of ``cdc/changelog`` per durable batch
+    that brought changes, at most one every :data:`REPORT_INTERVAL_S` (the changes of the batches
+    in between are summed in): the UI sees the log grow during an hour-long run."""
+
+    def __init__(self, context: AssetExecutionContext) -> None:
+        self._context = context
+        self._last = time.monotonic()
+        self._transactions = 0
+        self._changes: dict[str, int] = {}
+
+    def __call__(self, batch: DurableBatch) -> None:
+        self._transactions += batch.transactions
+        for table, count in batch.changes.items():
+            self._changes[table] = self._changes.get(table, 0) + count
+        now = time.monotonic()
+        if not self._changes or now - self._last < REPORT_INTERVAL_S:
+            return
+        metadata: dict[str, dg.MetadataValue] = {
+            "transactions": dg.MetadataValue.int(self._transactions),
+            "changes": dg.MetadataValue.int(sum(self._changes.values())),
+            "checkpoint_lsn": dg.MetadataValue.text(format_lsn(batch.checkpoint_lsn)),
+        }
+        if batch.commit_time_us is not None:
+            metadata["commit_time"] = dg.MetadataValue.timestamp(batch.commit_time_us / 1e6)
+        for table, count in sorted(self._changes.items()):
+            metadata[f"changes/{table}"] = dg.MetadataValue.int(count)
+        self._context.log_event(dg.AssetMaterialization(asset_key=CHANGELOG_KEY, metadata=metadata))
+        self._last, self._transactions, self._changes = now, 0, {}
 
 
 def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
@@ -94,6 +128,13 @@ def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
         "wal_status": dg.MetadataValue.text(str(slot.wal_status if slot else "unknown")),
         "duration_s": dg.MetadataValue.float(round(result.elapsed_s, 3)),
     }
+    held = result.held
+    if held is not None and held.held_bytes is not None:
+        metadata["held_wal_bytes"] = dg.MetadataValue.int(held.held_bytes)
+        if held.pinned_by is not None:
+            metadata["held_wal_pinned_by"] = dg.MetadataValue.text(held.pinned_by.describe())
+        if (warning := held.warning()) is not None:
+            metadata["held_wal_warning"] = dg.MetadataValue.text(warning)
     for table, count in sorted(result.changes.items()):
         metadata[f"changes/{table}"] = dg.MetadataValue.int(count)
     retention = result.retention.lines() if result.retention else []

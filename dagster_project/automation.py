@@ -71,8 +71,9 @@ def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
 def build_drain_job(
     settings: Settings, changelog: dg.AssetsDefinition, mirrors: list[dg.AssetsDefinition]
 ) -> UnresolvedAssetJobDefinition:
-    """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``.
-    With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``)."""
+    """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``
+    and evaluate the drain's ``slot_held_wal`` check after the drain (selecting an asset selects its
+    checks). With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``)."""
     slot = settings.config.source.slot
     if not settings.config.schedule.merge_with_drain:
         return automation_job("cdc_drain", [changelog], tags={DRAIN_TAG: slot})
@@ -83,14 +84,25 @@ def build_drain_job(
 
 
 def build_drain_schedule(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
-    return dg.ScheduleDefinition(
+    slot = settings.config.source.slot
+
+    @dg.schedule(
         name="cdc_drain_schedule",
         cron_schedule=settings.config.schedule.drain_cron,
         target=job,
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
-        description="Drains the replication slot into the change log.",
+        description=(
+            "Drains the replication slot into the change log (and follows its stream for drain.follow_seconds),"
+            " unless a drain of the slot is queued or running."
+        ),
     )
+    def drain_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
+        if context.instance.get_runs_count(dg.RunsFilter(tags={DRAIN_TAG: slot}, statuses=IN_FLIGHT)):
+            return dg.SkipReason(f"a drain of slot {slot} is queued or running")
+        return dg.RunRequest()
+
+    return drain_schedule
 
 
 def build_drain_sensor(settings: Settings, job: UnresolvedAssetJobDefinition, lag_bytes: int) -> dg.SensorDefinition:

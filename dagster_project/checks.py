@@ -1,4 +1,5 @@
-"""Asset checks on each mirror table: parity with the source, and lag within a bound."""
+"""Asset checks: on each mirror table, parity with the source and lag within a bound; on the drain,
+the WAL its slot holds behind ``restart_lsn``."""
 
 import dagster as dg
 
@@ -6,9 +7,9 @@ from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.parity import check_parity
-from cdc_assets.source import connect
+from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, connect, read_held_wal
 from cdc_assets.source.connection import one_row
-from dagster_project.assets import mirror_key, table_pool
+from dagster_project.assets import CHANGELOG_KEY, mirror_key, table_pool
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 
@@ -72,3 +73,65 @@ def build_lag_check(settings: Settings, table: TableConfig) -> dg.AssetChecksDef
         )
 
     return lag
+
+
+def build_held_wal_check(settings: Settings, bound: int = HELD_WAL_WARN_BYTES) -> dg.AssetChecksDefinition:
+    """Warns when the slot holds more than ``bound`` bytes of WAL behind its restart_lsn, naming the
+    oldest running transaction with an xid, which keeps restart_lsn back. Runs after each drain."""
+    slot = settings.config.source.slot
+
+    @dg.asset_check(
+        asset=CHANGELOG_KEY,
+        name="slot_held_wal",
+        description=(
+            f"Replication slot {slot} holds at most {bound:,} bytes of WAL behind its restart_lsn (the server keeps"
+            " that WAL for it); the metadata names the oldest running transaction with an xid, which keeps"
+            " restart_lsn back until it ends (an idle-in-transaction session, a forgotten prepared transaction)."
+        ),
+    )
+    def slot_held_wal(source: CdcSource) -> dg.AssetCheckResult:
+        config = source.config()
+        with connect(config.source, purpose="held-wal-check") as conn:
+            held = read_held_wal(conn, config.source.slot)
+        if held is None:
+            return dg.AssetCheckResult(
+                passed=False,
+                severity=dg.AssetCheckSeverity.WARN,
+                description=f"replication slot {slot} does not exist (run `cdc-assets setup`)",
+            )
+        return dg.AssetCheckResult(
+            passed=not held.over(bound),
+            severity=dg.AssetCheckSeverity.WARN,
+            description=held.warning(bound),
+            metadata=held_wal_metadata(held, bound),
+        )
+
+    return slot_held_wal
+
+
+def held_wal_metadata(held: HeldWal, bound: int) -> dict[str, dg.MetadataValue]:
+    held_bytes = held.held_bytes or 0
+    metadata: dict[str, dg.MetadataValue] = {
+        "held_bytes": dg.MetadataValue.int(held_bytes),
+        "held_mb": dg.MetadataValue.float(round(held_bytes / 1e6, 3)),
+        "restart_lsn": dg.MetadataValue.text(format_lsn(held.restart_lsn) if held.restart_lsn is not None else "none"),
+        "warn_bytes": dg.MetadataValue.int(bound),
+        "pinned_by": dg.MetadataValue.text(held.pinned_by.describe() if held.pinned_by else "none"),
+    }
+    pinned = held.pinned_by
+    if pinned is None:
+        return metadata
+    if pinned.pid is not None:
+        metadata["pinned_pid"] = dg.MetadataValue.int(pinned.pid)
+    if pinned.gid is not None:
+        metadata["pinned_gid"] = dg.MetadataValue.text(pinned.gid)
+    metadata["pinned_xid"] = dg.MetadataValue.int(pinned.xid)
+    if pinned.age_seconds is not None:
+        metadata["pinned_age_s"] = dg.MetadataValue.float(round(pinned.age_seconds, 3))
+    if pinned.state is not None:
+        metadata["pinned_state"] = dg.MetadataValue.text(pinned.state)
+    if pinned.query_start is not None:
+        metadata["pinned_query_start"] = dg.MetadataValue.timestamp(pinned.query_start)
+    if pinned.query is not None:
+        metadata["pinned_query"] = dg.MetadataValue.text(pinned.query)
+    return metadata

@@ -15,15 +15,16 @@ from dagster_project.assets import (
     build_snapshot_asset,
 )
 from dagster_project.automation import build_drain_job, build_drain_schedule, build_drain_sensor, build_table_sensor
-from dagster_project.checks import build_lag_check, build_parity_check
+from dagster_project.checks import build_held_wal_check, build_lag_check, build_parity_check
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
-    """The drain asset and schedule; per table a mirror asset, a sensor, a maintenance asset and
-    its schedule, a history asset and checks; the snapshot and rebuild assets; the resources."""
+    """The drain asset, its held-WAL check and its schedule; per table a mirror asset, a sensor, a
+    maintenance asset and its schedule, a history asset and checks; the snapshot and rebuild assets;
+    the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
     start = _history_start(settings)
@@ -42,9 +43,12 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             *(build_history_asset(settings, table, start) for table in config.tables),
         ],
         asset_checks=[
-            check
-            for table in config.tables
-            for check in (build_parity_check(settings, table), build_lag_check(settings, table))
+            build_held_wal_check(settings),
+            *(
+                check
+                for table in config.tables
+                for check in (build_parity_check(settings, table), build_lag_check(settings, table))
+            ),
         ],
         schedules=[
             build_drain_schedule(settings, drain),

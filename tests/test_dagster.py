@@ -193,7 +193,8 @@ def expected_keys() -> dict[str, set[str]]:
         | {f"delta/{t.replace('.', '/')}" for t in TABLES}
         | {f"history/{t.replace('.', '/')}" for t in TABLES}
         | {f"maintenance/{t.replace('.', '/')}" for t in TABLES},
-        "checks": {f"delta/{t.replace('.', '/')}:{check}" for t in TABLES for check in ("parity", "lag")},
+        "checks": {"cdc/changelog:slot_held_wal"}
+        | {f"delta/{t.replace('.', '/')}:{check}" for t in TABLES for check in ("parity", "lag")},
         "sensors": {f"cdc_merge__{t.replace('.', '__')}" for t in TABLES},
         "schedules": {"cdc_drain_schedule"} | {f"cdc_maintain__{t.replace('.', '__')}" for t in TABLES},
     }

@@ -570,7 +570,7 @@ def test_transactional_and_non_transactional_messages(pg_any: Any, conn: Any) ->
         binary_lsn = emit(conn, True, "bin/ä", b"\x00\xff\x01")
     before_plain = current_wal_lsn(conn)
     plain_lsn = emit(conn, False, "prefix", "nontransactional")
-    with captured_transaction(conn, commit=False) as aborted:
+    with captured_transaction(conn, commit=False):
         conn.execute("INSERT INTO t VALUES (2)")
         aborted_lsn = emit(conn, False, "lost?", "survives the rollback")
 

@@ -630,7 +630,7 @@ def test_small_batches(
     w.tx("UPDATE idx_t SET v = 'after' WHERE a < 100")
     if streaming == "on":
         assert stream_starts(pg, "on") >= 1
-    seen, progress = bounded_progress(60)
+    _, progress = bounded_progress(60)
     result = pipe.drain(progress=progress)
     assert result.transactions == 42
     batches = batch_chain(pipe)

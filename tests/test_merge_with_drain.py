@@ -70,7 +70,8 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         first = drain_run(defs, instance)
         assert materialized(first) == set(TABLES)
         checks = {(".".join(e.asset_key.path[1:]), e.check_name) for e in first.get_asset_check_evaluations()}
-        assert checks == {(t, "lag") for t in TABLES}  # each merge brings its lag check, not parity
+        # each merge brings its lag check, not parity; the drain its held-WAL check
+        assert checks == {(t, "lag") for t in TABLES} | {("changelog", "slot_held_wal")}
         assert_equal_to_source(pg, config)
 
         # One table changes: the next drain run merges that table alone; the others are not

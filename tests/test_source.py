@@ -1,13 +1,9 @@
-"""cdc_assets.source against real PostgreSQL servers: checks, publication, slots, snapshot, peek."""
+"""cdc_assets.source against real PostgreSQL servers: checks, publication, slots, snapshot, catalog,
+pgoutput's options, heartbeat, drain lock (the slot's stream is tests/test_stream.py's)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 import traceback
@@ -15,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 import psycopg
 import pytest
 
@@ -25,8 +21,6 @@ from cdc_assets.errors import (
     DrainLockedError,
     PublicationMismatchError,
     PublicationMissingError,
-    SlotActiveError,
-    SlotGapError,
     SlotInvalidatedError,
     SlotMismatchError,
     SlotMissingError,
@@ -34,7 +28,6 @@ from cdc_assets.errors import (
     SourcePermissionError,
     TableMissingError,
 )
-from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.decoder import PgoutputDecoder
 from cdc_assets.pgoutput.messages import (
@@ -51,7 +44,6 @@ from cdc_assets.source import (
     HEARTBEAT_PREFIX,
     PINNED_SETTINGS,
     DrainLock,
-    SlotReader,
     SnapshotReader,
     apply_pinned_settings,
     check_source,
@@ -65,7 +57,6 @@ from cdc_assets.source import (
     emit_heartbeat,
     ensure_publication,
     load_type_catalog,
-    pgoutput_options,
     prune_publication,
     published_tables,
     read_server_settings,
@@ -75,8 +66,12 @@ from cdc_assets.source import (
     require_tables,
     require_usable_slot,
 )
+from cdc_assets.source.connection import one_row
+from cdc_assets.stream.options import pgoutput_options
+from cdc_assets.stream.reader import SlotStream
 from tests.conftest import Database
 from tests.support.copied import sent_rows, typed_rows
+from tests.support.peek import peek
 
 # Session settings under which text output differs from the pinned settings in every respect.
 NEW_YORK = (
@@ -115,10 +110,24 @@ def wait_until(condition: Callable[[], object], timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def peek_messages(conn: psycopg.Connection[Any], source: SourceConfig, version: int) -> list[tuple[int, Message]]:
+def peek_messages(
+    conn: psycopg.Connection[Any], source: SourceConfig, version: int, *, two_phase: bool = False
+) -> list[tuple[int, Message]]:
+    """Every message the slot holds, read over the replication stream (the slot does not move) under
+    the pinned settings, as the drain reads it, whatever ``conn``'s session settings are."""
+    options = [value for pair in pgoutput_options(source, version, two_phase=two_phase) for value in pair]
     decoder = PgoutputDecoder(streaming=source.streaming)
-    with SlotReader(conn, source, version, two_phase=False).peek(1_000_000) as blocks:
-        return [(lsn, decoder.decode(data)) for block in blocks for lsn, data in block.rows()]
+    with conn.transaction():
+        apply_pinned_settings(conn)  # the peek's stream takes over the connection's settings
+        rows = peek(conn, source.slot, options)
+    return [(row.lsn, decoder.decode(row.data)) for row in rows]
+
+
+def first_int(message: InsertMessage) -> int:
+    """The inserted row's first column, an int sent as text."""
+    value = message.new_tuple.values[0]
+    assert isinstance(value, bytes), value
+    return int(value)
 
 
 def create_sql_slot(db: Database, slot: str, two_phase: bool = False) -> None:
@@ -150,9 +159,9 @@ def make_role(pg: Database) -> Iterator[Callable[..., str]]:
 def test_connect_names_the_session_and_opens_replication_connections(pg: Database) -> None:
     with connect(source_of(pg), purpose="drain") as conn:
         assert conn.autocommit
-        assert conn.execute("SELECT current_setting('application_name')").fetchone()[0] == "cdc-assets:drain"
+        assert one_row(conn.execute("SELECT current_setting('application_name')"))[0] == "cdc-assets:drain"
     with connect(source_of(pg), purpose="walsender", replication=True) as conn:
-        assert conn.execute("IDENTIFY_SYSTEM").fetchone()[3] == pg.name
+        assert one_row(conn.execute("IDENTIFY_SYSTEM"))[3] == pg.name
 
 
 def test_connection_errors_never_show_the_password(pg: Database, make_role: Callable[..., str]) -> None:
@@ -190,7 +199,7 @@ def test_connection_errors_never_show_the_password(pg: Database, make_role: Call
         assert "password authentication failed" in str(caught.value)
         assert "127.0.0.1" in str(caught.value)
         with connect(SourceConfig(dsn=wrong.replace(secret, "the-right-one")), purpose="drain") as conn:
-            assert conn.execute("SELECT current_user").fetchone()[0] == role
+            assert one_row(conn.execute("SELECT current_user"))[0] == role
     finally:
         hba.write_text(original)
         pg.execute("SELECT pg_reload_conf()")
@@ -204,11 +213,9 @@ def test_pinned_settings_are_local_to_the_transaction(pg: Database) -> None:
         with conn.transaction():
             apply_pinned_settings(conn)
             for name, value in PINNED_SETTINGS.items():
-                assert conn.execute(f"SHOW {name}").fetchone()[0].split(",")[0] == value  # DateStyle: ISO, MDY
-            assert (
-                conn.execute("SELECT '2024-06-01 12:00Z'::timestamptz::text").fetchone()[0] == "2024-06-01 12:00:00+00"
-            )
-        assert conn.execute("SHOW TimeZone").fetchone()[0] == "America/New_York"
+                assert one_row(conn.execute(f"SHOW {name}"))[0].split(",")[0] == value  # DateStyle: ISO, MDY
+            assert one_row(conn.execute("SELECT '2024-06-01 12:00Z'::timestamptz::text"))[0] == "2024-06-01 12:00:00+00"
+        assert one_row(conn.execute("SHOW TimeZone"))[0] == "America/New_York"
 
 
 # --- checks ----------------------------------------------------------------------------------
@@ -343,7 +350,8 @@ def test_slot_lifecycle(pg: Database) -> None:
         assert state.wal_status == "reserved" and state.active_pid is None
         assert state.restart_lsn is not None and state.restart_lsn <= snapshot.consistent_point
         pg.execute("INSERT INTO t VALUES (1)")
-        assert read_slot(conn, source.slot).lag_bytes > 0
+        lagging = read_slot(conn, source.slot)
+        assert lagging is not None and (lagging.lag_bytes or 0) > 0
         exists = rf"replication slot {source.slot} already exists"
         with pytest.raises(SourceError, match=exists), create_slot_with_snapshot(source):
             pass
@@ -361,6 +369,8 @@ def test_create_slot_command_per_version() -> None:
 
 
 def test_create_two_phase_slot(pg_any: Database) -> None:
+    """A slot created two-phase is usable with ``source.two_phase``, its stream asks for two-phase
+    decoding, and it holds nothing yet (read until the server's position passes the current WAL)."""
     pg_any.execute("CREATE PUBLICATION cdc_pub")
     source = source_of(pg_any, two_phase=True)
     with create_slot_with_snapshot(source) as snapshot:
@@ -368,10 +378,10 @@ def test_create_two_phase_slot(pg_any: Database) -> None:
     with pg_any.connect() as conn:
         state = require_usable_slot(read_slot(conn, source.slot), source)
         assert state.two_phase
-        reader = SlotReader(conn, source, pg_any.version, two_phase=state.two_phase)
-        assert reader.options[-2:] == ("two_phase", "on")
-        with reader.peek(10) as rows:
-            assert list(rows) == []
+        options = pgoutput_options(source, pg_any.version, two_phase=state.two_phase)
+        origin = [("origin", "any")] if pg_any.version >= 16 else []
+        assert options[-1 - len(origin) :] == [("two_phase", "on"), *origin]
+        assert peek_messages(conn, source, pg_any.version, two_phase=state.two_phase) == []
 
 
 def test_slot_mismatches(pg: Database) -> None:
@@ -380,7 +390,9 @@ def test_slot_mismatches(pg: Database) -> None:
     with pg.connect() as conn:
         create_sql_slot(pg, source.slot)
         # A real slot's state with another plugin: of our servers only 15 ships test_decoding.
-        other_plugin = dataclasses.replace(read_slot(conn, source.slot), plugin="wal2json")
+        created = read_slot(conn, source.slot)
+        assert created is not None
+        other_plugin = dataclasses.replace(created, plugin="wal2json")
         with pytest.raises(SlotMismatchError, match=rf"{source.slot} uses output plugin wal2json, not pgoutput"):
             require_usable_slot(other_plugin, source)
         drop_slot(conn, source.slot)
@@ -422,7 +434,8 @@ def test_invalidated_slot(pg: Database) -> None:
             def lost() -> bool:
                 conn.execute("SELECT pg_switch_wal()")
                 conn.execute("CHECKPOINT")
-                return read_slot(conn, source.slot).wal_status == "lost"
+                state = read_slot(conn, source.slot)
+                return state is not None and state.wal_status == "lost"
 
             conn.execute("INSERT INTO t VALUES (1)")
             wait_until(lost)
@@ -436,11 +449,9 @@ def test_invalidated_slot(pg: Database) -> None:
         )
         with pytest.raises(SlotInvalidatedError, match=message):
             require_usable_slot(state, source)
-        reader = SlotReader(conn, source, pg.version, two_phase=False)
-        with pytest.raises(SlotInvalidatedError, match=message), reader.peek(100) as rows:
-            list(rows)
-        with pytest.raises(SlotInvalidatedError, match=rf"\(at LSN {format_lsn(state.current_wal_lsn)}\)"):
-            reader.advance(state.current_wal_lsn)
+        options = pgoutput_options(source, pg.version, two_phase=False)
+        with pytest.raises(SlotInvalidatedError, match=message), SlotStream(conn, source, options, 0):
+            pass  # the server refuses to start the stream
 
 
 # --- exported snapshot -----------------------------------------------------------------------
@@ -514,14 +525,10 @@ def test_exported_snapshot_is_consistent(pg: Database) -> None:
             if isinstance(message, BeginMessage):
                 ids: set[int] = set()
             elif isinstance(message, InsertMessage):
-                ids.add(int(message.new_tuple.values[0]))
+                ids.add(first_int(message))
             elif isinstance(message, CommitMessage):
                 transactions.append((message.commit_lsn, message.end_lsn, ids))
-        in_slot = [
-            int(m.new_tuple.values[0])
-            for _, m in peek_messages(conn, source, pg.version)
-            if isinstance(m, InsertMessage)
-        ]
+        in_slot = [first_int(m) for _, m in peek_messages(conn, source, pg.version) if isinstance(m, InsertMessage)]
     point = snapshot.consistent_point
     before = set().union(*(ids for _, end, ids in transactions if end <= point))
     after = set().union(*(ids for commit, _, ids in transactions if commit >= point))
@@ -569,7 +576,7 @@ def test_snapshot_values_match_pgoutput(pg_any: Database) -> None:
         as_text = list(reader.chunks(relation, [False] * len(relation.columns)))
     assert [len(chunk[0]) for chunk in chunks] == [2, 1]
     with connect(source, purpose="test") as conn:
-        assert conn.execute("SELECT ts::text FROM typed WHERE id = 1").fetchone()[0] == "01/06/2024 06:00:00.5 EDT"
+        assert one_row(conn.execute("SELECT ts::text FROM typed WHERE id = 1"))[0] == "01/06/2024 06:00:00.5 EDT"
         sent = [
             m.new_tuple.values for _, m in peek_messages(conn, observer, pg_any.version) if isinstance(m, InsertMessage)
         ]
@@ -710,24 +717,37 @@ def test_load_type_catalog(pg: Database) -> None:
     assert catalog["small"].qualified_name == "public.small"
 
 
-# --- peek, advance, heartbeat ----------------------------------------------------------------
+# --- options, heartbeat ---------------------------------------------------------------------
 
 
 def test_pgoutput_options_are_accepted(pg_any: Database) -> None:
+    """pgoutput's options per server version, as (name, value) pairs, and every variant a server
+    under test takes is accepted by a real stream of the slot without flipping it two-phase."""
     version = pg_any.version
     pg_any.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
     source = source_of(pg_any)
     create_sql_slot(pg_any, source.slot)
     pg_any.execute("INSERT INTO t VALUES (1)")
     proto = {15: "3", 16: "4", 18: "4"}[version]
+    origin = [("origin", "any")] if version >= 16 else []
     streaming = dataclasses.replace(source, streaming="on")
-    assert " ".join(pgoutput_options(source, version, two_phase=False)) == (
-        f"proto_version {proto} publication_names cdc_pub messages true"
-    )
-    assert " ".join(pgoutput_options(streaming, 16, two_phase=True)).endswith("streaming on two_phase on")
-    assert " ".join(pgoutput_options(streaming, 15, two_phase=False)).endswith("streaming true")  # a boolean
-    assert pgoutput_options(streaming, 14, two_phase=False)[:2] == ["proto_version", "2"]
-    variants = [dataclasses.replace(source, binary=True), dataclasses.replace(source, streaming="on")]
+    assert pgoutput_options(source, version, two_phase=False) == [
+        ("proto_version", proto),
+        ("publication_names", "cdc_pub"),
+        ("messages", "true"),
+        *origin,
+    ]
+    assert pgoutput_options(streaming, 16, two_phase=True)[-3:] == [
+        ("streaming", "on"),
+        ("two_phase", "on"),
+        ("origin", "any"),  # 16+: changes of every origin, as before 16
+    ]
+    assert pgoutput_options(streaming, 15, two_phase=False)[-1] == ("streaming", "true")  # a boolean
+    assert pgoutput_options(streaming, 14, two_phase=False)[0] == ("proto_version", "2")
+    assert ("origin", "any") not in pgoutput_options(source, 15, two_phase=False)
+    with pytest.raises(ConfigError, match=r"two-phase decoding needs PostgreSQL 15 or later \(the server is 14\)"):
+        pgoutput_options(source, 14, two_phase=True)
+    variants = [source, dataclasses.replace(source, binary=True), streaming]
     if version >= 16:
         variants.append(dataclasses.replace(source, streaming="parallel"))
     else:
@@ -737,240 +757,8 @@ def test_pgoutput_options_are_accepted(pg_any: Database) -> None:
         for variant in variants:
             kinds = "".join(m.type_byte for _, m in peek_messages(conn, variant, version))
             assert kinds == "BRIC", variant
-        assert not read_slot(conn, source.slot).two_phase  # never flipped by our peeks
-
-
-def test_peek_streams_rows_with_pinned_settings(pg: Database) -> None:
-    pg.execute(
-        "CREATE TABLE t (id int PRIMARY KEY, at timestamptz, iv interval); CREATE PUBLICATION cdc_pub FOR TABLE t"
-    )
-    source = source_of(pg)
-    create_sql_slot(pg, source.slot)
-    with pg.connect() as conn:
-        conn.execute("BEGIN")
-        xid = conn.execute("SELECT txid_current()").fetchone()[0]
-        conn.execute(
-            "INSERT INTO t SELECT i, '2024-01-02 03:04:05+00', '-1 day 02:03:04' FROM generate_series(1, 1000) i"
-        )
-        conn.execute("COMMIT")
-    with pg.connect() as conn:
-        conn.execute("SET TimeZone = 'America/New_York'; SET IntervalStyle = 'iso_8601'")
-        reader = SlotReader(conn, source, pg.version, two_phase=False, fetch_rows=100)
-        decoder = PgoutputDecoder()
-        with reader.peek(10_000) as blocks:
-            assert isinstance(blocks, Iterator) and not isinstance(blocks, list)
-            first = next(blocks)
-            lsn, data = next(first.rows())
-            assert isinstance(lsn, int) and isinstance(data, bytes)
-            assert (first.lsns[1:] >= first.lsns[:-1]).all()
-            messages = [decoder.decode(data) for block in [first, *blocks] for data in block.messages()]
-        assert messages[0].xid == xid
-        inserts = [m for m in messages if isinstance(m, InsertMessage)]
-        assert len(inserts) == 1000
-        assert inserts[0].new_tuple.values[1:] == (b"2024-01-02 03:04:05+00", b"-1 days +02:03:04")
-        assert conn.execute("SHOW TimeZone").fetchone()[0] == "America/New_York"  # SET LOCAL ended with the peek
-        with reader.peek(10_000) as blocks:  # leaving early cancels the query; the connection stays usable
-            next(blocks)
-        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        assert sum(1 for _ in peek_messages(conn, source, pg.version)) == len(messages)
-
-
-def _peek_sessions(conn: psycopg.Connection[Any]) -> int:
-    (count,) = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cdc-assets:peek' AND datname = current_database()"
-    ).fetchone()
-    return int(count)
-
-
-def test_peek_runs_in_a_reused_child_that_disconnects_between_readers(pg: Database) -> None:
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
-    source = source_of(pg)
-    create_sql_slot(pg, source.slot)
-    pg.execute("INSERT INTO t VALUES (1)")
-    with pg.connect() as conn:
-        with SlotReader(conn, source, pg.version, two_phase=False) as first:
-            with first.peek(10) as blocks:
-                assert sum(len(block) for block in blocks) == 4  # Begin, Relation, Insert, Commit
-            child = first.receiver_pid
-            assert child is not None and child != os.getpid()
-            assert _peek_sessions(conn) == 1
-        assert first.receiver_pid is None
-        wait_until(lambda: _peek_sessions(conn) == 0)
-        assert psutil.Process(child).is_running()  # kept, disconnected, for the next reader
-        with SlotReader(conn, source, pg.version, two_phase=False) as second:
-            assert second.receiver_pid == child
-            with second.peek(10) as blocks:
-                assert sum(len(block) for block in blocks) == 4
-        os.kill(child, signal.SIGKILL)  # an idle child that died is replaced
-        wait_until(lambda: os.waitid(os.P_PID, child, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None)  # exited
-        with SlotReader(conn, source, pg.version, two_phase=False) as third:
-            assert third.receiver_pid != child
-            with third.peek(10) as blocks:
-                assert sum(len(block) for block in blocks) == 4
-
-
-def test_peek_child_that_dies_is_a_clear_error_and_is_replaced(pg: Database) -> None:
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
-    source = source_of(pg)
-    create_sql_slot(pg, source.slot)
-    pg.execute("INSERT INTO t SELECT generate_series(1, 300000)")  # far more blocks than are queued
-    with pg.connect() as conn, SlotReader(conn, source, pg.version, two_phase=False) as reader:
-        confirmed = read_slot(conn, source.slot).confirmed_flush_lsn
-        child = reader.receiver_pid
-        assert child is not None
-        died = rf"the peek's receiving process \(pid {child}\) failed: it ended in the middle of an answer; it exited with code -9"
-        with pytest.raises(SourceError, match=died), reader.peek(1_000_000) as blocks:
-            next(blocks)
-            os.kill(child, signal.SIGKILL)
-            for _ in blocks:
-                pass
-        wait_until(lambda: read_slot(conn, source.slot).active_pid is None)
-        with reader.peek(1_000_000) as blocks:
-            assert sum(len(block) for block in blocks) == 300_003  # and Begin, Relation, Commit
-        assert reader.receiver_pid not in (None, child)
-        assert read_slot(conn, source.slot).confirmed_flush_lsn == confirmed  # peeks never move the slot
-
-
-def test_peek_child_exits_with_its_parent(pg: Database) -> None:
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
-    source = source_of(pg)
-    create_sql_slot(pg, source.slot)
-    script = (
-        "import sys, psycopg\n"
-        "from cdc_assets.config import SourceConfig\n"
-        "from cdc_assets.source import SlotReader\n"
-        "source = SourceConfig(dsn=sys.argv[1], slot=sys.argv[2])\n"
-        "reader = SlotReader(psycopg.connect(sys.argv[1], autocommit=True), source, int(sys.argv[3]), two_phase=False)\n"
-        "with reader.peek(10) as blocks:\n"
-        "    list(blocks)\n"
-        "print(reader.receiver_pid, flush=True)\n"
-        "sys.stdin.read()\n"
-    )
-    parent = subprocess.Popen(
-        [sys.executable, "-c", script, pg.dsn, source.slot, str(pg.version)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
-        with pg.connect() as conn:
-            assert _peek_sessions(conn) == 1
-            parent.kill()
-            parent.wait()
-            wait_until(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
-            wait_until(lambda: _peek_sessions(conn) == 0)
-    finally:
-        parent.kill()
-        parent.wait()
-
-
-def test_peek_child_outlives_the_thread_that_started_it(pg: Database) -> None:
-    """Dagster runs drains on threads that end; their children must stay usable."""
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
-    source = source_of(pg)
-    create_sql_slot(pg, source.slot)
-    pg.execute("INSERT INTO t VALUES (1)")
-    with pg.connect() as conn:
-        readers: list[SlotReader] = []
-
-        def start() -> None:  # a reader whose child runs a peek, on a thread that then ends
-            reader = SlotReader(conn, source, pg.version, two_phase=False)
-            with reader.peek(10) as blocks:
-                assert sum(len(block) for block in blocks) == 4
-            readers.append(reader)
-
-        thread = threading.Thread(target=start)
-        thread.start()
-        thread.join()
-        assert thread.native_id is not None
-        wait_until(lambda: not Path(f"/proc/self/task/{thread.native_id}").exists())
-        child = readers[0].receiver_pid
-        with readers[0] as reader, reader.peek(10) as blocks:
-            assert sum(len(block) for block in blocks) == 4
-        assert child is not None and psutil.Process(child).status() != psutil.STATUS_ZOMBIE
-
-
-def test_peek_child_connection_failure_names_no_password(pg: Database) -> None:
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again below: nothing listens there
-    unreachable = SourceConfig(dsn=f"host=127.0.0.1 port={port} dbname=x user=x password=hunter2", slot="s_x")
-    with (
-        pg.connect() as conn,
-        SlotReader(conn, unreachable, pg.version, two_phase=False) as reader,
-        pytest.raises(SourceError, match=r"cannot connect to the source database \(peek\): ") as failure,
-        reader.peek(10) as blocks,
-    ):
-        list(blocks)
-    assert "hunter2" not in str(failure.value) and str(port) in str(failure.value)
-
-
-def test_advance_moves_the_slot(pg: Database) -> None:
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
-    source = source_of(pg)
-    create_sql_slot(pg, source.slot)
-    pg.execute("INSERT INTO t VALUES (1)")
-    pg.execute("INSERT INTO t VALUES (2)")
-    with pg.connect() as conn:
-        reader = SlotReader(conn, source, pg.version, two_phase=False)
-        ends = [m.end_lsn for _, m in peek_messages(conn, source, pg.version) if isinstance(m, CommitMessage)]
-        assert reader.advance(ends[0]) == ends[0]
-        assert read_slot(conn, source.slot).confirmed_flush_lsn == ends[0]
-        assert reader.advance(ends[0]) == ends[0]  # already there: a no-op
-        inserts = [m for _, m in peek_messages(conn, source, pg.version) if isinstance(m, InsertMessage)]
-        assert [m.new_tuple.values[0] for m in inserts] == [b"2"]
-        reader.advance(ends[1])
-        gap = (
-            rf"cannot move replication slot {source.slot} back to LSN {format_lsn(ends[0])}:"
-            rf" it has already confirmed {format_lsn(ends[1])}"
-        )
-        with pytest.raises(SlotGapError, match=gap):
-            reader.advance(ends[0])
-
-
-def test_peek_and_advance_errors(pg: Database, make_role: Callable[..., str]) -> None:
-    pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    source = source_of(pg)
-    with pg.connect() as conn:
-        reader = SlotReader(conn, source, pg.version, two_phase=False)
-        missing = rf"publication cdc_pub does not exist \(reading replication slot {source.slot}\)"
-        with pytest.raises(PublicationMissingError, match=missing), reader.peek(10) as rows:
-            list(rows)
-        conn.execute("CREATE PUBLICATION cdc_pub FOR TABLE t")
-        missing = rf"replication slot {source.slot} does not exist: run `cdc-assets setup`"
-        with pytest.raises(SlotMissingError, match=missing), reader.peek(10) as rows:
-            list(rows)
-        with pytest.raises(SlotMissingError, match=r"\(at LSN 0/10\)"):
-            reader.advance(0x10)
-        create_sql_slot(pg, source.slot)
-        walsender = connect(source, purpose="walsender", replication=True)
-        try:
-            walsender.execute(
-                f"START_REPLICATION SLOT {source.slot} LOGICAL 0/0 (proto_version '1', publication_names 'cdc_pub')"
-            )
-            pid = walsender.info.backend_pid
-            in_use = rf"replication slot {source.slot} is in use by process {pid}"
-            with pytest.raises(SlotActiveError, match=in_use), reader.peek(10) as rows:
-                list(rows)
-            with pytest.raises(SlotActiveError, match=rf"process {pid}"):
-                drop_slot(conn, source.slot)
-        finally:
-            walsender.close()  # in COPY BOTH mode: close, not commit
-        wait_until(lambda: read_slot(conn, source.slot).active_pid is None)
-        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        with reader.peek(10) as rows:
-            assert list(rows) == []
-    plain = make_role("plain")
-    with connect(as_role(pg, plain), purpose="drain") as conn:
-        denied = SlotReader(conn, as_role(pg, plain), pg.version, two_phase=False)
-        permission = rf"permission denied on replication slot {source.slot}: .*REPLICATION attribute"
-        with pytest.raises(SourcePermissionError, match=permission), denied.peek(10) as rows:
-            list(rows)
-        with pytest.raises(SourcePermissionError):
-            denied.advance(read_slot(conn, source.slot).current_wal_lsn)
+        state = read_slot(conn, source.slot)
+        assert state is not None and not state.two_phase  # never flipped by our streams
 
 
 def test_heartbeat_is_a_decodable_transaction(pg: Database, make_role: Callable[..., str]) -> None:

@@ -1,6 +1,7 @@
 """Everything that talks to the source database (psycopg 3): connections, checks, publication,
-slot state and creation, the exported-snapshot copy, catalog look-ups, heartbeat and the drain
-lock. The slot's stream is :mod:`cdc_assets.stream`'s."""
+slot state and creation, what a slot holds back (held WAL, the transaction that pins it), the
+exported-snapshot copy, catalog look-ups, heartbeat and the drain lock. The slot's stream is
+:mod:`cdc_assets.stream`'s."""
 
 from cdc_assets.source.catalog import column_ndims, describe_table, load_type_catalog
 from cdc_assets.source.checks import (
@@ -25,6 +26,7 @@ from cdc_assets.source.publication import (
     publication_exists,
     published_tables,
 )
+from cdc_assets.source.slot_holders import HELD_WAL_WARN_BYTES, HeldWal, PinningTransaction, read_held_wal
 from cdc_assets.source.slots import SlotState, drop_slot, read_slot, require_usable_slot
 from cdc_assets.source.snapshot import (
     ExportedSnapshot,
@@ -36,9 +38,12 @@ from cdc_assets.source.snapshot import (
 
 __all__ = [
     "HEARTBEAT_PREFIX",
+    "HELD_WAL_WARN_BYTES",
     "PINNED_SETTINGS",
     "DrainLock",
     "ExportedSnapshot",
+    "HeldWal",
+    "PinningTransaction",
     "ServerSettings",
     "SlotState",
     "SnapshotReader",
@@ -59,6 +64,7 @@ __all__ = [
     "prune_publication",
     "publication_exists",
     "published_tables",
+    "read_held_wal",
     "read_server_settings",
     "read_slot",
     "require_replication_role",

@@ -42,12 +42,13 @@ class MessageBlock:
         end = int(self.ends[stop - 1]) if stop else 0
         return MessageBlock(self.lsns[:stop], self.ends[:stop], self.data[:end])
 
-    def split_after(self, types: bytes) -> tuple[MessageBlock, MessageBlock | None]:
-        """The messages up to the first one of the given types (whole if there is none), and the
-        rest (None if nothing is left)."""
+    def split_after(self, types: bytes, at: int = 0) -> tuple[MessageBlock, MessageBlock | None]:
+        """The messages up to the first one of the given types from message ``at`` on (all of them
+        if there is none), and the rest (None if nothing is left)."""
         starts = self.starts()
         first = np.frombuffer(self.data, dtype=np.uint8)[np.minimum(starts, max(len(self.data) - 1, 0))]
         found = np.flatnonzero((self.ends > starts) & np.isin(first, np.frombuffer(types, dtype=np.uint8)))
+        found = found[found >= at]
         if not len(found) or found[0] + 1 == len(self):
             return self, None
         stop = int(found[0]) + 1

@@ -157,7 +157,11 @@ class SlotStream:
             self._let_child_go(kill=False)
             return
         self._stop.set()
-        self._send({"stop": True})
+        try:
+            self._send({"stop": True})
+        except BaseException:
+            self.abort()
+            raise
         self._receiver.join()
         self._ended = True
         leftovers: list[Any] = []

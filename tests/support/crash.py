@@ -71,10 +71,14 @@ def write_ledger_config(
     streaming: str = "off",
     changelog: str = "./changelog",
     storage: dict[str, Any] | None = None,
+    commit_seconds: float | None = None,
 ) -> Path:
-    """The crash tests' ``cdc.yaml``; ``storage``: its ``storage`` section (``Bucket.section``)."""
+    """The crash tests' ``cdc.yaml``; ``storage``: its ``storage`` section (``Bucket.section``);
+    ``commit_seconds``: ``drain.commit_seconds``."""
     path = directory / "cdc.yaml"
     storage_section = yaml.safe_dump({"storage": storage}, sort_keys=False) if storage is not None else ""
+    if commit_seconds is not None:
+        storage_section += f"drain:\n  commit_seconds: {commit_seconds}\n"
     path.write_text(
         "source:\n"
         "  dsn: ${CDC_SOURCE_DSN}\n"
@@ -145,9 +149,10 @@ def drain_to_end(config: Path, dsn: str, slot: str, timeout: float = 180) -> sub
     return result
 
 
-def start_drain(config: Path, dsn: str, fault: str | None = None) -> subprocess.Popen[str]:
+def start_drain(config: Path, dsn: str, fault: str | None = None, *args: str) -> subprocess.Popen[str]:
+    """``cdc-assets drain`` (with ``args``, e.g. ``--follow 30``), started."""
     return subprocess.Popen(
-        [sys.executable, "-m", "cdc_assets", "drain", "-c", str(config)],
+        [sys.executable, "-m", "cdc_assets", "drain", *args, "-c", str(config)],
         env=_env(dsn, fault),
         cwd=config.parent,
         stdout=subprocess.PIPE,

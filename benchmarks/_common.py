@@ -44,28 +44,96 @@ def start_cluster(major: int, **settings: str) -> ThrowawayCluster:
     return cluster
 
 
-def pgbench(cluster: ThrowawayCluster, *args: str) -> float:
-    """Run pgbench against the cluster (as ``postgres`` when we are root); return its wall time."""
+def client_command(cluster: ThrowawayCluster, program: str, *args: str) -> list[str]:
+    """The command line of one of the cluster's client programs (``pgbench``, ``pg_recvlogical``):
+    ``args``, then the connection options (loopback, the cluster's port, user ``postgres``); run as
+    ``postgres`` when we are root, as the server is. Run it with ``cwd="/"``."""
     assert cluster.bin_dir is not None
-    command = [
-        str(cluster.bin_dir / "pgbench"),
-        *args,
-        "-h",
-        "127.0.0.1",
-        "-p",
-        str(cluster.port),
-        "-U",
-        "postgres",
-        "postgres",
-    ]
+    command = [str(cluster.bin_dir / program), *args, "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres"]
     if os.geteuid() == 0:
         command = ["runuser", "-u", "postgres", "--", *command]
+    return command
+
+
+def pgbench(cluster: ThrowawayCluster, *args: str) -> float:
+    """Run pgbench against the cluster (as ``postgres`` when we are root); return its wall time."""
+    command = [*client_command(cluster, "pgbench", *args), "postgres"]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd="/", check=False)
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"pgbench {' '.join(args)} failed ({done.returncode}):\n{done.stderr}\n{done.stdout}")
     return elapsed
+
+
+def flush_lsn(conn: Any) -> int:
+    """``pg_current_wal_flush_lsn()`` as an int (``conn``: a psycopg connection)."""
+    return int(conn.execute("SELECT (pg_current_wal_flush_lsn() - '0/0')::int8").fetchone()[0])
+
+
+def recvlogical(
+    cluster: ThrowawayCluster, slot: str, endpos: int, options: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """``pg_recvlogical`` (PostgreSQL's own C client of the replication protocol) over ``slot`` up
+    to ``endpos``, into /dev/null, no fsync; timed as a whole command. It confirms what it received,
+    so the slot moves: one run per slot. Returns its wall seconds and CPU seconds (user + system)."""
+    import resource
+
+    from cdc_assets.lsn import format_lsn
+
+    args = ["-d", "postgres", f"--slot={slot}", "--start", "--no-loop", f"--endpos={format_lsn(endpos)}"]
+    args += ["-f", "/dev/null", "-F", "0", *(arg for name, value in options for arg in ("-o", f"{name}={value}"))]
+    command = client_command(cluster, "pg_recvlogical", *args)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd="/", check=False)
+    elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"pg_recvlogical failed ({done.returncode}):\n{done.stderr}\n{done.stdout}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"seconds": elapsed, "cpu_s": cpu, "command": " ".join(["pg_recvlogical", *args])}
+
+
+PING_SECONDS = 0.2  # as the drain: how often a reader that is catching up asks the server its position
+
+
+def stream_range(
+    dsn: str,
+    slot: str,
+    publication: str,
+    options: Sequence[tuple[str, str]],
+    target: int,
+    on_block: Callable[[Any], object] = lambda block: None,
+    timeout: float = 1800.0,
+) -> None:
+    """Read ``slot`` over the streaming replication protocol (``cdc_assets.stream.reader.SlotStream``,
+    its receiving child process) from its confirmed position until the server's position reaches
+    ``target``, handing every ``MessageBlock`` to ``on_block``. Nothing is confirmed: the slot does
+    not move, and the same range can be read again."""
+    import psycopg
+
+    from cdc_assets.config import SourceConfig
+    from cdc_assets.stream.blocks import MessageBlock, StreamPosition
+    from cdc_assets.stream.reader import SlotStream
+
+    source = SourceConfig(dsn=dsn, publication=publication, slot=slot)
+    with psycopg.connect(dsn, autocommit=True) as conn, SlotStream(conn, source, list(options), 0) as stream:
+        deadline = time.monotonic() + timeout
+        stream.ping()
+        asked = time.monotonic()
+        while True:
+            frame = stream.next(timeout=max(0.0, asked + PING_SECONDS - time.monotonic()))
+            if isinstance(frame, MessageBlock):
+                on_block(frame)
+            elif isinstance(frame, StreamPosition) and frame.lsn >= target:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"slot {slot} did not reach the target position within {timeout:.0f} s")
+            if now - asked >= PING_SECONDS:
+                stream.ping()
+                asked = now
 
 
 @dataclass(slots=True)

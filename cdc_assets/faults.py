@@ -1,7 +1,7 @@
 """Fault injection for crash tests: ``CDC_ASSETS_FAULT=<point>[:<n>]`` SIGKILLs the process the
 n-th time (default the first) it passes ``<point>``. Points: ``after-segments`` (batch files
-durable, checkpoint not written), ``after-checkpoint`` (checkpoint written, slot not advanced),
-``after-advance`` (slot advanced), ``mid-batch`` (while rows of a peek are being consumed);
+durable, checkpoint not written), ``after-checkpoint`` (checkpoint written, not yet confirmed to the server),
+``after-advance`` (confirmed to the server), ``mid-batch`` (a block of the stream assembled into the open batch);
 for ``cdc-assets snapshot``: ``copy-chunk`` (a chunk of the run written), ``copy-complete`` (the
 run's checkpoint written, not announced), ``copy-announced`` (the announcement committed); for
 change-log retention: ``retention-base`` (a compacted base written, the checkpoint not),

@@ -288,6 +288,12 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
         storage=storage,
         path=origin,
     )
+    if config.schedule.merge_with_drain and config.drain.follow_seconds > 0:
+        raise reader.fail(
+            "schedule.merge_with_drain",
+            "cannot be true with drain.follow_seconds above 0: a drain run's merges come after its drain step,"
+            " which follows the stream for drain.follow_seconds; let the table sensors merge instead",
+        )
     for section in (source, changelog, warehouse, reader):
         section.done()
     return config

@@ -226,6 +226,7 @@ class _StreamRun:
             self.writer.abandon()
             ChangeLogReader(self.store).remove_stale()
             self.writer = BatchWriter(self.store, self.checkpoint)
+            self.assembler.discard()
             self.assembler = self.new_assembler()
         assembler = self.assembler
         assembler.start_session(self.writer, self.checkpoint.lsn)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,3 +161,21 @@ def spark() -> Iterator[Any]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def make_role(pg: Database) -> Iterator[Callable[..., str]]:
+    """Creates LOGIN roles (cluster-wide, so uniquely named) and drops them afterwards."""
+    made: list[str] = []
+
+    def make(suffix: str, attributes: str = "") -> str:
+        name = f"r_{pg.name}_{suffix}"
+        pg.execute(f'CREATE ROLE "{name}" LOGIN {attributes}')
+        made.append(name)
+        return name
+
+    yield make
+    with pg.connect() as conn:
+        for name in made:
+            conn.execute(f'DROP OWNED BY "{name}"')
+            conn.execute(f'DROP ROLE "{name}"')

@@ -171,3 +171,28 @@ def test_changelog_retention_mistakes_are_refused(value: str) -> None:
     text = EXAMPLE.replace("  path: ./data/changelog", f"  path: ./data/changelog\n  retention_hours: {value}")
     with pytest.raises(ConfigError, match=r"changelog.retention_hours: expected a number of hours, 0 or more, got"):
         parse(text, CDC_SOURCE_DSN="x")
+
+
+def test_drain_defaults_and_settings() -> None:
+    defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x").drain
+    assert (defaults.follow_seconds, defaults.commit_seconds) == (0.0, 2.0)
+    following = parse(EXAMPLE + "drain: {follow_seconds: 3600, commit_seconds: 0.5}\n", CDC_SOURCE_DSN="x").drain
+    assert (following.follow_seconds, following.commit_seconds) == (3600.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("drain: {follow_seconds: -1}", r"drain.follow_seconds: expected a number of seconds, 0 or more, got -1"),
+        ("drain: {commit_seconds: 0}", r"drain.commit_seconds: expected a number of seconds above 0, got 0.0"),
+        ("drain: {commit_seconds: soon}", r"drain.commit_seconds: expected a number of seconds, 0 or more, got 'soon'"),
+        ("drain: {follow: 10}", r"drain.follow: unknown setting"),
+        (
+            "drain: {follow_seconds: 60}\nschedule: {merge_with_drain: true}",
+            r"schedule.merge_with_drain: cannot be true with drain.follow_seconds above 0",
+        ),
+    ],
+)
+def test_drain_mistakes_are_refused(setting: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse(EXAMPLE + setting + "\n", CDC_SOURCE_DSN="x")

@@ -7,7 +7,7 @@ import dataclasses
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,24 +133,6 @@ def first_int(message: InsertMessage) -> int:
 def create_sql_slot(db: Database, slot: str, two_phase: bool = False) -> None:
     """A pgoutput slot without a snapshot (``two_phase``: the SQL function's 4th argument)."""
     db.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, %s)", (slot, two_phase))
-
-
-@pytest.fixture
-def make_role(pg: Database) -> Iterator[Callable[..., str]]:
-    """Creates LOGIN roles (cluster-wide, so uniquely named) and drops them afterwards."""
-    made: list[str] = []
-
-    def make(suffix: str, attributes: str = "") -> str:
-        name = f"r_{pg.name}_{suffix}"
-        pg.execute(f'CREATE ROLE "{name}" LOGIN {attributes}')
-        made.append(name)
-        return name
-
-    yield make
-    with pg.connect() as conn:
-        for name in made:
-            conn.execute(f'DROP OWNED BY "{name}"')
-            conn.execute(f'DROP ROLE "{name}"')
 
 
 # --- connections -----------------------------------------------------------------------------

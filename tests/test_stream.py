@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -156,24 +156,6 @@ def exited(pid: int) -> bool:
 def gone(pid: int) -> bool:
     """Process ``pid`` (not ours) no longer runs."""
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-
-
-@pytest.fixture
-def make_role(pg: Database) -> Iterator[Callable[..., str]]:
-    """Creates LOGIN roles (cluster-wide, so uniquely named) and drops them afterwards."""
-    made: list[str] = []
-
-    def make(suffix: str, attributes: str = "") -> str:
-        name = f"r_{pg.name}_{suffix}"
-        pg.execute(f'CREATE ROLE "{name}" LOGIN {attributes}')
-        made.append(name)
-        return name
-
-    yield make
-    with pg.connect() as conn:
-        for name in made:
-            conn.execute(f'DROP OWNED BY "{name}"')
-            conn.execute(f'DROP ROLE "{name}"')
 
 
 @pytest.fixture

@@ -157,3 +157,42 @@ def test_stream_errors() -> None:
     outside = Rows().relation().add(start(900), insert(1, "a", oid=99, xid=900))
     with pytest.raises(DecodeError, match="unknown relation OID 99"):
         assemble(outside, streaming="on")
+
+
+def test_a_stream_left_open_at_a_batch_end_commits_in_a_later_batch_of_the_session() -> None:
+    """A following drain ends batches while a streamed transaction is open: its changes stay
+    buffered and go, whole, to the batch its Stream Commit arrives in."""
+    first = Rows().relation()
+    first.add(start(900), insert(1, "a", xid=900), StreamStopMessage())
+    first.transaction(700, insert(2, "b"))
+    assembler = TransactionAssembler(streaming="on")
+    before, after = RecordingSink(), RecordingSink()
+    assembler.start_session(before, 0)
+    assembler.feed_blocks(first.blocks())
+    assert assembler.between_transactions and assembler.open_streams == 1
+    assembler.flush()
+    assembler.next_batch(after, first.lsn)
+    rest = Rows(start_lsn=first.lsn)
+    rest.add(start(900, first=False), insert(3, "c", xid=900), StreamStopMessage())
+    stream_commit(rest, 900)
+    assembler.feed_blocks(rest.blocks())
+    assembler.end_session()
+    assert before.changes() == [(700, 0, "insert", 2, "b")]
+    assert after.changes() == [(900, 0, "insert", 1, "a"), (900, 1, "insert", 3, "c")]
+
+
+def test_discard_forgets_what_a_lost_session_buffered_with_its_spill_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spill, "CHUNK_ROWS", 2)
+    monkeypatch.setattr(spill, "SPILL_BYTES", 1)
+    rows = Rows().relation()
+    rows.add(start(900), *[insert(i, "x", xid=900) for i in range(10)], StreamStopMessage())
+    assembler = TransactionAssembler(streaming="on", spill_dir=str(tmp_path))
+    sink = RecordingSink()
+    assembler.start_session(sink, 0)
+    assembler.feed_blocks(rows.blocks())
+    assert list(tmp_path.iterdir()), "nothing was spilled: the test does not test discard"
+    assembler.discard()
+    assert assembler.open_streams == 0 and list(tmp_path.iterdir()) == []
+    assert sink.changes() == []

@@ -134,6 +134,15 @@ class TransactionAssembler:
         """Go on in the same session with a new batch (after :meth:`flush`), written to ``sink``."""
         self._output.start(sink, checkpoint_lsn)
 
+    def discard(self) -> None:
+        """Forget everything buffered, committed or not, spill files included (a session that was
+        lost: the next one sends it all again)."""
+        self._plain.discard()
+        self._streams.discard()
+        if self._two_phase.current is not None:
+            self._two_phase.current.buffers.discard()
+            self._two_phase.current = None
+
     def end_session(self) -> None:
         """:meth:`flush`, then forget the streamed transactions still open: the next session sends
         them again whole."""

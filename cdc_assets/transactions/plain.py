@@ -81,6 +81,13 @@ class PlainTransactions:
         self._by_relation.clear()
         self.current = None
 
+    def discard(self) -> None:
+        """Forget every buffered change and commit, and the open transaction."""
+        self._buffers.discard()
+        self._commits.clear()
+        self._seq = 0
+        self.current = None
+
     def add_relation(self, relation_oid: int, schema: RelationSchema) -> None:
         """A Relation message: changes of ``relation_oid`` are under ``schema`` from now on."""
         self._by_relation[relation_oid] = self._buffers.buffer(schema)

@@ -71,18 +71,25 @@ def flush_lsn(conn: Any) -> int:
     return int(conn.execute("SELECT (pg_current_wal_flush_lsn() - '0/0')::int8").fetchone()[0])
 
 
+def recvlogical_args(slot: str, endpos: int, options: Sequence[tuple[str, str]]) -> list[str]:
+    """pg_recvlogical's arguments (without the connection's): ``slot`` up to ``endpos`` into
+    /dev/null, no fsync, the given pgoutput options."""
+    from cdc_assets.lsn import format_lsn
+
+    args = ["-d", "postgres", f"--slot={slot}", "--start", "--no-loop", f"--endpos={format_lsn(endpos)}"]
+    return [*args, "-f", "/dev/null", "-F", "0", *(a for name, value in options for a in ("-o", f"{name}={value}"))]
+
+
 def recvlogical(
     cluster: ThrowawayCluster, slot: str, endpos: int, options: Sequence[tuple[str, str]]
 ) -> dict[str, Any]:
     """``pg_recvlogical`` (PostgreSQL's own C client of the replication protocol) over ``slot`` up
     to ``endpos``, into /dev/null, no fsync; timed as a whole command. It confirms what it received,
-    so the slot moves: one run per slot. Returns its wall seconds and CPU seconds (user + system)."""
+    so the slot moves: one run per slot. Returns its wall seconds and CPU seconds (user + system,
+    with the ``runuser`` that starts it when we are root)."""
     import resource
 
-    from cdc_assets.lsn import format_lsn
-
-    args = ["-d", "postgres", f"--slot={slot}", "--start", "--no-loop", f"--endpos={format_lsn(endpos)}"]
-    args += ["-f", "/dev/null", "-F", "0", *(arg for name, value in options for arg in ("-o", f"{name}={value}"))]
+    args = recvlogical_args(slot, endpos, options)
     command = client_command(cluster, "pg_recvlogical", *args)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()

@@ -14,6 +14,9 @@ initial copy, not measured), then ``dagster dev`` on the code location with
 * ``merge_check_seconds: 5``: each table's merge sensor looks every 5 seconds;
 * ``--merges drain``: ``schedule.merge_with_drain`` — each drain run merges the tables it brought
   changes to (one run per cycle); ``table``: each table's sensor launches a merge run of its own;
+  ``follow``: one drain run follows the slot's stream for the whole load (``drain.follow_seconds``,
+  a durable batch every ``drain.commit_seconds: 1``) and each table's sensor launches a merge run
+  of its own;
 * a queued run coordinator that dequeues every second, pools of one (one drain, one writer per
   table), the default run launcher (a process per run);
 * ``connect``: ``spark.remote`` to a ``cdc-assets spark-server`` started first (a run opens a
@@ -60,6 +63,7 @@ from cdc_sandbox.pgcluster import free_port
 TABLES = ("public.pgbench_accounts", "public.pgbench_tellers", "public.pgbench_branches")
 SLOT = "fresh_slot"
 SAMPLE_EVERY_S = 10.0
+FOLLOW_COMMIT_SECONDS = 1.0
 READY_TIMEOUT_S = 600.0
 
 
@@ -95,9 +99,9 @@ def _last_at_or_below(values: list[int], limit: int) -> int | None:
     return low - 1 if low else None
 
 
-def write_files(work: Path, dsn_variable: str, spark: dict[str, Any], merge_with_drain: bool) -> dict[str, str]:
+def write_files(work: Path, dsn_variable: str, spark: dict[str, Any], merges: str, minutes: float) -> dict[str, str]:
     """The cdc-assets configuration, the Dagster instance and workspace; the environment to run in."""
-    document = {
+    document: dict[str, Any] = {
         "source": {"dsn": "${" + dsn_variable + "}", "publication": "fresh_pub", "slot": SLOT, "heartbeat": True},
         "changelog": {"path": "./changelog"},
         "warehouse": {"path": "./warehouse"},
@@ -106,10 +110,12 @@ def write_files(work: Path, dsn_variable: str, spark: dict[str, Any], merge_with
             "drain_lag_bytes": 1,
             "drain_check_seconds": 5,
             "merge_check_seconds": 5,
-            "merge_with_drain": merge_with_drain,
+            "merge_with_drain": merges == "drain",
         },
         "tables": {name: {} for name in TABLES},
     }
+    if merges == "follow":  # one drain run follows the stream for the whole load
+        document["drain"] = {"follow_seconds": minutes * 60 + 600, "commit_seconds": FOLLOW_COMMIT_SECONDS}
     (work / "cdc.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
     home = work / "dagster_home"
     home.mkdir()
@@ -251,7 +257,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         env = {
             **os.environ,
             "CDC_SOURCE_DSN": cluster.dsn(),
-            **write_files(work, "CDC_SOURCE_DSN", spark | {"conf": conf}, merges == "drain"),
+            **write_files(work, "CDC_SOURCE_DSN", spark | {"conf": conf}, merges, args.minutes),
         }
         if runtime == "connect":
             server = [sys.executable, "-m", "cdc_assets", "spark-server", "--port", str(port), "--master", "local[2]"]
@@ -312,7 +318,11 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--scale", type=int, default=10)
     parser.add_argument("--runtimes", default="connect,local")
-    parser.add_argument("--merges", default="drain,table", help="drain: merge_with_drain; table: a run per table")
+    parser.add_argument(
+        "--merges",
+        default="drain,table",
+        help="drain: merge_with_drain; table: a run per table; follow: a drain run that follows, a merge run per table",
+    )
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument("--out", default="freshness-out")
     args = parser.parse_args()

@@ -37,6 +37,18 @@ class MessageBlock:
     def messages(self) -> list[bytes]:
         return [data for _, data in self.rows()]
 
+    @staticmethod
+    def joined(blocks: list[MessageBlock]) -> MessageBlock:
+        """Consecutive blocks as one."""
+        if len(blocks) == 1:
+            return blocks[0]
+        offsets = np.cumsum([0, *(len(b.data) for b in blocks[:-1])])
+        return MessageBlock(
+            np.concatenate([b.lsns for b in blocks]),
+            np.concatenate([b.ends + offset for b, offset in zip(blocks, offsets.tolist())]),
+            b"".join(b.data for b in blocks),
+        )
+
     def head(self, stop: int) -> MessageBlock:
         """The first ``stop`` messages."""
         end = int(self.ends[stop - 1]) if stop else 0

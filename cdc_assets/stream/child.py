@@ -66,6 +66,8 @@ from cdc_assets.stream.protocol import (
 HEADER = struct.Struct("<cqq")
 READY, BLOCK, POSITION, DONE, ERROR = b"R", b"B", b"P", b"D", b"E"
 BLOCK_BYTES = 4 << 20
+GATHER_SECONDS = 0.002
+"""How long a partial block waits for more messages before it is sent."""
 QUEUED_FRAMES = 16
 """Frames waiting for the drain; while they are this many, the socket is not read."""
 PARENT_CHECK_S = 0.2
@@ -230,11 +232,16 @@ class Stream:
 
     def receive(self) -> None:
         """Take what libpq holds, until it holds no whole message or a block is full and the drain
-        is behind; blocks are sent when full or when nothing more is there."""
+        is behind. A block is sent when full, or when nothing more has arrived within
+        :data:`GATHER_SECONDS`: a block per socket read would make the drain pay a block's fixed
+        cost per message or two once it keeps pace with the server."""
         pgconn = self.pgconn
         while not self.frames.full:
             size, data = pgconn.get_copy_data(1)
             if size == 0:
+                if self._lsns and select.select([pgconn.socket], [], [], GATHER_SECONDS)[0]:
+                    pgconn.consume_input()
+                    continue
                 break
             if size < 0:
                 raise StreamEnded(pgconn.get_result())

@@ -41,6 +41,10 @@ CONNECTION_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "0800
 """Server shut down or terminated the walsender, or the connection broke: worth reconnecting."""
 
 
+class _Ended:
+    """The child's frames ended without a request to stop."""
+
+
 class StreamLostError(SourceError):
     """The replication connection ended without an error of the slot's: the server went away or
     ended the walsender (``wal_sender_timeout``, a restart, ``pg_terminate_backend``)."""
@@ -74,11 +78,12 @@ class SlotStream:
         self.confirmed = start_lsn
         self.last_lsn = start_lsn
         self.command = start_replication_command(config.slot, start_lsn, options)
-        self._frames: queue.Queue[MessageBlock | StreamPosition | ChildError | BaseException | None] = queue.Queue(
+        self._frames: queue.Queue[MessageBlock | StreamPosition | ChildError | BaseException | _Ended] = queue.Queue(
             maxsize=QUEUED_FRAMES
         )
         self._stop = threading.Event()
         self._ended = False
+        self._ahead: MessageBlock | StreamPosition | ChildError | BaseException | _Ended | None = None
         child = POOL.acquire()
         self._child: StreamChild | None = child
         started = child.start(
@@ -122,11 +127,14 @@ class SlotStream:
         explains it, a connection that ended as :class:`StreamLostError`."""
         if self._ended:
             raise SourceError(f"the stream of replication slot {self._config.slot} has ended")
-        try:
-            frame = self._frames.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        frame, self._ahead = self._ahead, None
+        if frame is None:
+            try:
+                frame = self._frames.get(timeout=timeout)
+            except queue.Empty:
+                return None
         if isinstance(frame, MessageBlock):
+            frame = self._gathered(frame)
             self.last_lsn = max(self.last_lsn, int(frame.lsns.max()))
             return frame
         if isinstance(frame, StreamPosition):
@@ -135,9 +143,26 @@ class SlotStream:
         self._let_child_go(kill=True)
         if isinstance(frame, ChildError):
             raise self._error(frame)
-        if frame is None:
+        if isinstance(frame, _Ended):
             raise StreamLostError(f"the stream of replication slot {self._config.slot} ended unasked")
         raise frame
+
+    def _gathered(self, block: MessageBlock) -> MessageBlock:
+        """``block`` and the blocks queued right behind it, as one (up to :data:`BLOCK_ROWS`
+        messages): a caller that fell behind catches up in larger blocks."""
+        blocks = [block]
+        rows = len(block)
+        while rows < BLOCK_ROWS:
+            try:
+                frame = self._frames.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(frame, MessageBlock):
+                self._ahead = frame
+                break
+            blocks.append(frame)
+            rows += len(frame)
+        return MessageBlock.joined(blocks)
 
     def confirm(self, lsn: int) -> None:
         """Report everything up to ``lsn`` as flushed: the slot's ``confirmed_flush_lsn`` moves there.
@@ -164,7 +189,7 @@ class SlotStream:
             raise
         self._receiver.join()
         self._ended = True
-        leftovers: list[Any] = []
+        leftovers: list[Any] = [] if self._ahead is None else [self._ahead]
         while not self._frames.empty():
             leftovers.append(self._frames.get_nowait())
         errors_ = [f for f in leftovers if isinstance(f, ChildError | BaseException)]
@@ -197,7 +222,7 @@ class SlotStream:
             self._offer(error)
             return
         if not self._stop.is_set():
-            self._offer(None)
+            self._offer(_Ended())
 
     def _offer(self, item: Any) -> None:
         """Put ``item`` for the consumer; once it has stopped listening, only an error, and without

@@ -4,6 +4,8 @@ real PostgreSQL slot and a Dagster instance."""
 
 from __future__ import annotations
 
+import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,56 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
 
     # The schedule launches the same job, so the sensor waits for its drains too.
     assert defs.resolve_schedule_def("cdc_drain_schedule").job_name == sensor.job_name == "cdc_drain"
+
+
+def test_the_schedule_starts_a_following_drain_only_when_none_runs_and_the_run_reports_as_it_goes(
+    pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``drain.follow_seconds`` a drain run follows the stream; the schedule requests a drain
+    only while no drain of the slot is queued or running (runs never pile up behind a following
+    one), and the run reports a materialization of ``cdc/changelog`` for the batches that bring
+    changes while it follows, besides the one its step ends with."""
+    from dagster_project import assets
+
+    monkeypatch.setattr(assets, "REPORT_INTERVAL_S", 0.0)
+    folder = tmp_path / "follow"
+    defs = source_with_schedule(pg, folder, monkeypatch, "cdc_follow_slot", {})
+    document = yaml.safe_load((folder / "cdc.yaml").read_text())
+    document["drain"] = {"follow_seconds": 6, "commit_seconds": 0.5}
+    (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    defs = load_code_location()
+    schedule = defs.resolve_schedule_def("cdc_drain_schedule")
+    job = defs.resolve_job_def(schedule.job_name)
+    with dg.instance_for_test() as instance:
+        context = dg.build_schedule_context(
+            instance=instance, scheduled_execution_time=datetime(2026, 1, 5, tzinfo=UTC)
+        )
+        [request] = schedule.evaluate_tick(context).run_requests or []
+        running = instance.create_run_for_job(job, tags=job.run_tags, status=dg.DagsterRunStatus.STARTED)
+        waiting = schedule.evaluate_tick(context)
+        assert (
+            not waiting.run_requests and waiting.skip_message == "a drain of slot cdc_follow_slot is queued or running"
+        )
+        instance.report_run_canceled(running)
+
+        stop = threading.Event()
+
+        def write() -> None:  # changes while the run follows
+            for i in range(100, 1000):
+                if stop.wait(0.3):
+                    return
+                pg.execute(f"INSERT INTO public.notes VALUES ({i}, 'while following', {i})")
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            result = job.execute_in_process(instance=instance, tags=request.tags)
+        finally:
+            stop.set()
+            writer.join()
+        assert result.success
+        events = instance.fetch_materializations(dg.AssetKey(["cdc", "changelog"]), limit=100).records
+        reports = [e for e in events if e.run_id == result.run_id]
+        assert len(reports) >= 3, [e.asset_materialization.metadata for e in reports]  # type: ignore[union-attr]
+        following = [r.asset_materialization for r in reports[1:]]  # newest first: the step's own is first
+        assert all(m is not None and m.metadata["changes/public.notes"].value > 0 for m in following)

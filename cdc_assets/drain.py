@@ -29,6 +29,7 @@ from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotGapError
 from cdc_assets.faults import fault_point
+from cdc_assets.interrupts import interrupts_deferred
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.decoder import PgoutputDecoder
 from cdc_assets.pgoutput.messages import (
@@ -264,7 +265,8 @@ class _StreamRun:
                     asked = now
                 finished = reached or (caught_up and (deadline is None or now >= deadline))
                 if assembler.between_transactions and (finished or now >= due or fed >= batch_changes):
-                    self._durable(stream, position if upto is None else min(position, upto))
+                    with interrupts_deferred():  # an interrupt lands after the batch, not inside it
+                        self._durable(stream, position if upto is None else min(position, upto))
                     if finished:
                         break
                     stream.ping()  # a fresh position for the next batch
@@ -273,7 +275,7 @@ class _StreamRun:
         except BaseException as interrupt:  # Ctrl-C, SIGTERM, a Dagster run's termination
             if isinstance(interrupt, Exception) or not assembler.between_transactions:
                 raise
-            self._durable(stream, position)  # keep what was received, confirmed, before stopping
+            self._durable(stream, position if upto is None else min(position, upto))  # keep what was received
             stream.stop()
             raise
         assembler.end_session()

@@ -15,9 +15,11 @@ A table's sensor requests nothing while a merge of the table is queued or runnin
 ``cdc/table``): a run merges everything the log holds when it starts, so a second one queued
 behind it would only repeat its fixed costs.
 
-The drain sensor reads one row of ``pg_replication_slots`` and asks for a drain when the slot is
-``drain_lag_bytes`` behind and no drain of the slot is queued or running (drain runs carry the
-``cdc/drain`` tag): the drain then follows the writes instead of the clock.
+The drain schedule requests a drain only when no drain of the slot is queued or running (drain
+runs carry the ``cdc/drain`` tag): with ``drain.follow_seconds`` a run follows the slot's stream
+for that long, and the next tick after it ends starts the next. The drain sensor reads one row of
+``pg_replication_slots`` and asks for a drain when the slot is ``drain_lag_bytes`` behind and no
+drain of the slot is queued or running: the drain then follows the writes instead of the clock.
 
 With ``schedule.merge_with_drain`` the drain's job also holds every mirror (and its lag check): a
 drain run merges, after draining, each table the drain brought changes to — one run per cycle

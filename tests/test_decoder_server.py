@@ -1,8 +1,10 @@
 """The pgoutput decoder against real servers (PostgreSQL 15, 16 and 18), every message type.
 
-Each test runs SQL that makes messages appear, peeks the slot over SQL with options that match
-the server version, decodes every row with a fresh :class:`PgoutputDecoder` per peek call and checks
-every decoded field against what the server knows: the peek's ``lsn``/``xid`` columns,
+Each test runs SQL that makes messages appear, reads the slot's pending messages over the
+replication stream with options that match the server version (``tests/support/peek.py``: a new
+decoding session each time, nothing confirmed), decodes every message with a fresh
+:class:`PgoutputDecoder` per session and checks every decoded field against what the server
+knows: each message's LSN and the xid of the transaction it belongs to,
 ``pg_current_wal_lsn()`` taken around the transaction, ``txid_current()`` and row ``xmin``s taken
 inside it, the wall clock, the catalogs, and the stored values (each column through its type's
 output function under fixed session settings for text mode, ``<typsend>(col)`` for binary mode).
@@ -11,13 +13,14 @@ Server behaviour these tests pin down, beyond what the protocol documentation sa
 
 * A domain column's Type message carries the domain's OID but its base type's namespace and name.
 * UPDATE/DELETE on a REPLICA IDENTITY NOTHING table are refused while a publication publishes them.
-* Every TRUNCATE re-sends R for the truncated relations, even later in the same peek.
+* Every TRUNCATE re-sends R for the truncated relations, even later in the same session.
 * Only flushed WAL is decoded: a non-transactional message or a rollback waits for the WAL writer.
 * Of a rolled-back subtransaction, only the changes streamed before ``ROLLBACK TO`` appear.
 * After a subtransaction's Stream Abort, Y/R come again, tagged with the next change's xid.
 * A rolled-back streamed transaction first met with cold caches gives an empty S/E block, then A;
   PostgreSQL 18 skips an already-aborted transaction entirely (unless streaming is ``immediate``).
-* A streamed transaction's Origin comes after the first Stream Start, with LSN 0.
+* A streamed transaction's Origin comes after the first Stream Start, with LSN 0; over the stream,
+  Relation and Type messages have LSN 0 too.
 * An origin's ``xact_setup`` timestamp becomes the commit time of Begin/Commit/Stream Commit.
 """
 
@@ -373,7 +376,7 @@ def test_updates_and_deletes_under_each_replica_identity(pg_any: Any, conn: Any)
 
         window, before, after = steps["key"]
         group = by_xid(groups, window)
-        assert kinds(group) == "BUC", "R is sent once per peek call"
+        assert kinds(group) == "BUC", "R is sent once per session"
         assert_plain_transaction(group, window)
         update = group[1].message
         assert isinstance(update, UpdateMessage) and update.relation_oid == relation.oid

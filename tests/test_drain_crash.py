@@ -389,6 +389,7 @@ FOLLOW_KILLS = 16  # kills of following drains: 3 at each fault point, the rest 
 COMMIT_SECONDS = 0.3  # drain.commit_seconds of the following drains: many durable batches per run
 
 
+@pytest.mark.slow
 def test_kills_while_following_lose_and_duplicate_nothing(pg, tmp_path: Path) -> None:
     """Drains that follow the stream (``--follow``) while a writer commits, killed at random
     moments and at the fault points — after a durable batch's segments, between its checkpoint

@@ -52,10 +52,12 @@ def _slot(mirror: Mirror) -> Any:
         return read_slot(conn, "cdc_slot")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending", ["commit", "rollback", "prepared"])
 def test_a_following_drain_is_not_held_back_by_a_long_transaction(
-    pg: Database, spark: Any, tmp_path: Path, ending: str
+    pg_any: Database, spark: Any, tmp_path: Path, ending: str
 ) -> None:
+    pg = pg_any
     source = {"two_phase": True} if ending == "prepared" else {}
     mirror = Mirror(pg, tmp_path / "mirror", TABLES, spark, source=source)
     mirror.sql(*CREATE)

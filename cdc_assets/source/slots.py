@@ -94,7 +94,7 @@ def require_usable_slot(state: SlotState | None, config: SourceConfig) -> SlotSt
     if state.two_phase and not config.two_phase:
         raise SlotMismatchError(
             f"replication slot {state.name} is two-phase (pg_replication_slots.two_phase = true) but source.two_phase "
-            "is false: the slot was created two-phase, or flipped to two-phase for good by a peek with "
+            "is false: the slot was created two-phase, or flipped to two-phase for good by a decoding session with "
             "two_phase 'on'. Set source.two_phase: true to decode prepared transactions, or "
             + _SETUP_AGAIN.format(slot=state.name)
         )

@@ -72,7 +72,12 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
         ),
     )
     def changelog(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult[None]:
-        def log(progress: DrainProgress) -> None:
+        logged = [-PROGRESS_INTERVAL_S]
+
+        def log(progress: DrainProgress) -> None:  # a line every PROGRESS_INTERVAL_S at most: a run follows for hours
+            if progress.elapsed_s - logged[0] < PROGRESS_INTERVAL_S:
+                return
+            logged[0] = progress.elapsed_s
             context.log.info(
                 f"batch {progress.batches}: {progress.transactions:,} transactions, {progress.changes:,} changes,"
                 f" checkpoint {format_lsn(progress.checkpoint_lsn)} of {format_lsn(progress.target_lsn)}"

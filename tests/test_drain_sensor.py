@@ -98,10 +98,8 @@ def test_the_schedule_starts_a_following_drain_only_when_none_runs_and_the_run_r
     defs = load_code_location()
     schedule = defs.resolve_schedule_def("cdc_drain_schedule")
     job = defs.resolve_job_def(schedule.job_name)
-    with dg.instance_for_test() as instance:
-        context = dg.build_schedule_context(
-            instance=instance, scheduled_execution_time=datetime(2026, 1, 5, tzinfo=UTC)
-        )
+    tick_at = datetime(2026, 1, 5, tzinfo=UTC)
+    with dg.instance_for_test() as instance, dg.build_schedule_context(instance, tick_at) as context:
         [request] = schedule.evaluate_tick(context).run_requests or []
         running = instance.create_run_for_job(job, tags=job.run_tags, status=dg.DagsterRunStatus.STARTED)
         waiting = schedule.evaluate_tick(context)

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -40,6 +39,8 @@ from cdc_assets.stream.process import POOL
 from cdc_assets.stream.reader import SlotStream, StreamLostError
 from tests.conftest import Database
 from tests.support.peek import create_slot, current_wal_lsn
+from tests.support.pipeline import wait_until
+from tests.test_source import as_role
 
 # Session settings under which text output differs from the pinned settings in every respect.
 NEW_YORK = (
@@ -59,19 +60,6 @@ def source_of(db: Database, **settings: Any) -> SourceConfig:
 
 def options_of(db: Database, source: SourceConfig) -> list[tuple[str, str]]:
     return pgoutput_options(source, db.version, two_phase=False)
-
-
-def as_role(db: Database, role: str) -> SourceConfig:
-    return SourceConfig(dsn=db.cluster.dsn(db.name, user=role), slot=f"s_{db.name}")
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 20.0) -> None:
-    """Poll ``condition`` until it is true (the poll interval is not a synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.01)
 
 
 def next_frame(stream: SlotStream) -> MessageBlock | StreamPosition:

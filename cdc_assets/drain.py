@@ -342,7 +342,7 @@ class _UptoCut:
         """The part of ``block`` before the cut, and whether the cut is in it."""
         upto = self._upto
         for index, (_, data) in enumerate(block.rows()):
-            if data[:1] not in b"BbcpKrM" or not data:
+            if data[:1] not in b"BbcpKrMSE" or not data:  # S and E: the decoder tracks stream blocks
                 continue
             message = self._decoder.decode(data)
             match message:

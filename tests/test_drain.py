@@ -972,3 +972,26 @@ def test_two_drains_never_interleave(pg: Database, tmp_path: Path, workload: Xid
     assert batches[first.batches][0] == first.checkpoint_lsn
     pipe.assert_mirrors()
     assert_transactions_log(pipe, workload.xids)
+
+
+def test_a_drain_up_to_an_lsn_stops_before_the_first_transaction_ending_after_it() -> None:
+    """``upto_lsn`` (the parity check's drain): the stream is cut at the Begin of the first
+    transaction whose commit starts at or after it; a streamed block before it, with a
+    transactional message inside, is read through (the cut tracks stream blocks to decode it)."""
+    from cdc_assets.pgoutput.messages import BeginMessage, StreamStartMessage, StreamStopMessage
+    from tests.support.assembly import LSN_STEP, T0_US, Rows, insert, message
+
+    rows = Rows().relation()
+    rows.add(StreamStartMessage(900, True), message(b"in a stream", xid=900), insert(1, "a", xid=900))
+    rows.add(StreamStopMessage())
+    rows.add(BeginMessage(final_lsn=rows.lsn + 2 * LSN_STEP, commit_time_us=T0_US, xid=700), insert(2, "b"))
+    rows.commit(700)
+    upto = rows.lsn
+    cut_at = len(rows.rows)
+    rows.add(BeginMessage(final_lsn=rows.lsn + 2 * LSN_STEP, commit_time_us=T0_US, xid=701), insert(3, "c"))
+    rows.commit(701)
+    (block,) = rows.blocks()
+    head, reached = drain_module._UptoCut("on", upto).head(block)
+    assert reached and len(head) == cut_at
+    head, reached = drain_module._UptoCut("on", rows.lsn + 1).head(block)
+    assert not reached and len(head) == len(block)

@@ -658,7 +658,10 @@ def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-unt
     maintained = [line for line in done.stdout.splitlines() if line.startswith("maintained ")]
     assert [line.split(":")[0] for line in maintained] == ["maintained public.ca", "maintained public.cb"], done.stdout
     assert done.stderr.count("starting Spark") == 1, done.stderr
-    assert mirror.applied("public.cb") == mirror.applied("public.ca") == mirror.checkpoint_lsn()
+    # cb's pending insert is merged up to the checkpoint; ca had no change since its apply, so it
+    # stays at its applied LSN (the drain's checkpoint may have moved past it on an idle stream)
+    assert mirror.applied("public.cb") == mirror.checkpoint_lsn()
+    assert mirror.applied("public.ca") <= mirror.checkpoint_lsn()
     mirror.check("public.ca")
     mirror.check("public.cb")
 

@@ -369,7 +369,7 @@ def test_automation_shows_the_drain_schedule_with_the_files_cron_and_one_sensor_
     assert_rendered(browser, tmp_path / "automation.png")
 
     browser.open(f"{ui.server.url}/locations/{LOCATION}/schedules/cdc_drain_schedule")
-    text = browser.wait_for("Drains the replication slot into the change log.", f"({CRON})", "Every 7 minutes")
+    text = browser.wait_for("Drains the replication slot into the change log", f"({CRON})", "Every 7 minutes")
     assert "*/5 * * * *" not in text
     assert any(link.endswith(f"/jobs/{DRAIN_JOB}") for link in browser.links()), browser.links()  # its target
 

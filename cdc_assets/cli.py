@@ -26,6 +26,8 @@ from cdc_assets.lsn import format_lsn
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from cdc_assets.drain import DurableBatch
+
 COMMANDS_ENTRY_POINT = "cdc_assets.commands"
 """Entry-point group of commands other packages add: each is ``add(subparsers) -> None``."""
 
@@ -126,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     sync = command("sync", "drain, then apply (and with --maintain, maintain)", _sync)
     sync.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     sync.add_argument(
+        "--follow",
+        type=_seconds,
+        metavar="SECONDS",
+        help="once caught up, follow the slot's stream this long, merging the tables after each durable batch"
+        " (default: drain.follow_seconds, 0 = stop)",
+    )
+    sync.add_argument(
         "--maintain",
         action="store_true",
         help="then compact, purge and vacuum the Delta tables when due (one Spark start)",
@@ -203,7 +212,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
+def _drain(
+    args: argparse.Namespace, config: Config | None = None, on_batch: Callable[[DurableBatch], None] | None = None
+) -> int:
     from cdc_assets.drain import DrainProgress, drain
 
     config = config or _config(args)
@@ -216,7 +227,9 @@ def _drain(args: argparse.Namespace, config: Config | None = None) -> int:
             f" checkpoint {format_lsn(p.checkpoint_lsn)} of {format_lsn(p.target_lsn)}"
         )
 
-    result = drain(config, wait=args.wait, progress=show, follow_seconds=getattr(args, "follow", None))
+    result = drain(
+        config, wait=args.wait, progress=show, follow_seconds=getattr(args, "follow", None), on_batch=on_batch
+    )
     progress.done()
     print(
         f"drained {result.transactions:,} transactions, {result.total_changes:,} changes in {result.batches} batches"
@@ -273,9 +286,17 @@ def _maintain(args: argparse.Namespace, config: Config | None = None, spark: Spa
 
 
 def _sync(args: argparse.Namespace) -> int:
+    from cdc_assets.apply.follower import MergeFollower
+
     config = _config(args)
-    _drain(args, config)
-    spark = _spark(config)
+    follow = config.drain.follow_seconds if args.follow is None else args.follow
+    if follow > 0:  # merge after each durable batch while the drain follows
+        spark = _spark(config)
+        with MergeFollower(config, spark, lambda applied: print(applied.summary(), flush=True)) as merges:
+            _drain(args, config, on_batch=lambda _: merges.batch_durable())
+    else:
+        _drain(args, config)
+        spark = _spark(config)
     _apply(args, config, spark)
     return _maintain(args, config, spark) if args.maintain else 0
 

@@ -120,7 +120,7 @@ class ScheduleConfig:
     this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``;
     each table's merge sensor looks every ``merge_check_seconds``. ``merge_with_drain``: each drain
     run also merges every table the drain brought changes to (one run per cycle, not one per
-    table). A mirror whose last materialization is ``freshness_minutes`` old fails its freshness
+    table; a following drain merges after each durable batch, as it goes). A mirror whose last materialization is ``freshness_minutes`` old fails its freshness
     policy (warns at half)."""
 
     drain_cron: str = "*/5 * * * *"
@@ -288,12 +288,6 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
         storage=storage,
         path=origin,
     )
-    if config.schedule.merge_with_drain and config.drain.follow_seconds > 0:
-        raise reader.fail(
-            "schedule.merge_with_drain",
-            "cannot be true with drain.follow_seconds above 0: a drain run's merges come after its drain step,"
-            " which follows the stream for drain.follow_seconds; let the table sensors merge instead",
-        )
     for section in (source, changelog, warehouse, reader):
         section.done()
     return config

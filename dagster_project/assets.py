@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 import dagster as dg
 from dagster import AssetExecutionContext
 
+from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import table_applied_lsn
@@ -68,10 +69,18 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
         description=(
             f"Drains replication slot {slot} into the change log at {settings.config.changelog_path}: committed"
             " transactions as Parquet segments, then the checkpoint, then the slot's confirmed position (exactly"
-            f" once); follows the stream for {settings.config.drain.follow_seconds:g} s after catching up."
+            f" once); follows the stream for {settings.config.drain.follow_seconds:g} s after catching up"
+            + (
+                ", merging the tables after each durable batch."
+                if settings.config.schedule.merge_with_drain and settings.config.drain.follow_seconds > 0
+                else "."
+            )
         ),
     )
-    def changelog(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult[None]:
+    def changelog(
+        context: AssetExecutionContext, source: CdcSource, spark: SparkResource
+    ) -> dg.MaterializeResult[None]:
+        config = source.config()
         logged = [-PROGRESS_INTERVAL_S]
 
         def log(progress: DrainProgress) -> None:  # a line every PROGRESS_INTERVAL_S at most: a run follows for hours
@@ -83,7 +92,25 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
                 f" checkpoint {format_lsn(progress.checkpoint_lsn)} of {format_lsn(progress.target_lsn)}"
             )
 
-        result = drain(source.config(), wait=True, progress=log, on_batch=BatchReports(context))
+        reports = BatchReports(context)
+        if MERGES_TAG not in context.run.tags or config.drain.follow_seconds <= 0:
+            result = drain(config, wait=True, progress=log, on_batch=reports)
+            return dg.MaterializeResult(metadata=drain_metadata(result))
+        # a following drain that merges: after each durable batch, on a thread of its own
+        session = spark.session()
+
+        def merged(applied: TableApplied) -> None:
+            context.log.info(applied.summary())
+            table = config.table(applied.table)
+            metadata = table_metadata(applied, _row_count(session, config, table))
+            context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata=metadata))
+
+        def durable(batch: DurableBatch) -> None:
+            reports(batch)
+            merges.batch_durable()
+
+        with MergeFollower(config, session, merged) as merges:
+            result = drain(config, wait=True, progress=log, on_batch=durable)
         return dg.MaterializeResult(metadata=drain_metadata(result))
 
     return changelog

@@ -187,10 +187,6 @@ def test_drain_defaults_and_settings() -> None:
         ("drain: {commit_seconds: 0}", r"drain.commit_seconds: expected a number of seconds above 0, got 0.0"),
         ("drain: {commit_seconds: soon}", r"drain.commit_seconds: expected a number of seconds, 0 or more, got 'soon'"),
         ("drain: {follow: 10}", r"drain.follow: unknown setting"),
-        (
-            "drain: {follow_seconds: 60}\nschedule: {merge_with_drain: true}",
-            r"schedule.merge_with_drain: cannot be true with drain.follow_seconds above 0",
-        ),
     ],
 )
 def test_drain_mistakes_are_refused(setting: str, message: str) -> None:

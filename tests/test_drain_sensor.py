@@ -19,6 +19,7 @@ from tests.test_dagster import create_source
 
 SLOT = "cdc_lag_slot"
 LAG_BYTES = 200_000
+FOLLOW_SECONDS = 6.0
 
 
 def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> Any:
@@ -93,7 +94,7 @@ def test_the_schedule_starts_a_following_drain_only_when_none_runs_and_the_run_r
     folder = tmp_path / "follow"
     defs = source_with_schedule(pg, folder, monkeypatch, "cdc_follow_slot", {})
     document = yaml.safe_load((folder / "cdc.yaml").read_text())
-    document["drain"] = {"follow_seconds": 6, "commit_seconds": 0.5}
+    document["drain"] = {"follow_seconds": FOLLOW_SECONDS, "commit_seconds": 0.5}
     (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
     defs = load_code_location()
     schedule = defs.resolve_schedule_def("cdc_drain_schedule")
@@ -124,6 +125,11 @@ def test_the_schedule_starts_a_following_drain_only_when_none_runs_and_the_run_r
             stop.set()
             writer.join()
         assert result.success
+        # the first report reached the instance while the drain still followed, seconds before
+        # its step ended (the follow lasts FOLLOW_SECONDS after catching up)
+        [step_done] = instance.all_logs(result.run_id, of_type=dg.DagsterEventType.STEP_SUCCESS)[:1]
+        first = instance.fetch_materializations(dg.AssetKey(["cdc", "changelog"]), limit=100).records[-1]
+        assert first.timestamp < step_done.timestamp - FOLLOW_SECONDS / 2
         events = instance.fetch_materializations(dg.AssetKey(["cdc", "changelog"]), limit=100).records
         reports = [e for e in events if e.run_id == result.run_id]
         assert len(reports) >= 3, [e.asset_materialization.metadata for e in reports]  # type: ignore[union-attr]

@@ -5,23 +5,27 @@ session and a Dagster instance."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
+import yaml
 
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.config import Config, load_config
 from cdc_assets.drain import drain
 from tests.conftest import Database
-from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES
+from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES, load_code_location
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
+from tests.support.pipeline import wait_until
 from tests.test_drain_sensor import source_with_schedule
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SLOT = "cdc_merging_drain_slot"
+FOLLOW_SECONDS = 40.0
 MIRRORS = {t: dg.AssetKey(["delta", *t.split(".")]) for t in TABLES}
 
 
@@ -117,3 +121,48 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         )
         assert result.success and materialized(result) == {ORDERS}
         assert_equal_to_source(pg, config)
+
+
+@pytest.mark.slow
+def test_a_following_drain_run_merges_after_each_durable_batch_and_reports_each_merge_as_it_goes(
+    pg: Database, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``drain.follow_seconds``, a drain run that merges does so while it follows: a change
+    committed during the run reaches its Delta table, and the mirror's materialization the
+    instance, before the run ends."""
+    folder = tmp_path / "following"
+    source_with_schedule(pg, folder, monkeypatch, "cdc_following_merges_slot", {"merge_with_drain": True})
+    document = yaml.safe_load((folder / "cdc.yaml").read_text())
+    document["drain"] = {"follow_seconds": FOLLOW_SECONDS, "commit_seconds": 0.5}
+    (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    defs = load_code_location()
+    config = load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
+    notes = config.table(NOTES)
+    job = defs.resolve_job_def("cdc_drain")
+    seen: list[str] = []
+
+    def during_the_run(instance: dg.DagsterInstance) -> None:
+        for i in (100, 101):
+            with pg.connect() as conn:
+                conn.execute(f"INSERT INTO public.notes VALUES ({i}, 'while following', {i})")
+                lsn = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()[0]  # type: ignore[index]
+            wait_until(
+                lambda at=lsn: (table_applied_lsn(config, notes) or -1) >= at,
+                timeout=FOLLOW_SECONDS / 2,
+                what=f"row {i} merged",
+            )
+            seen.append(f"row {i} merged")
+        wait_until(lambda: instance.fetch_materializations(MIRRORS[NOTES], limit=1).records, what="the mirror's report")
+        seen.append("reported")
+
+    with dg.instance_for_test() as instance:
+        watcher = threading.Thread(target=lambda: during_the_run(instance))
+        watcher.start()
+        result = job.execute_in_process(instance=instance, tags=job.run_tags)
+        watched_to_the_end = not watcher.is_alive()
+        watcher.join()
+        assert result.success
+        assert seen == ["row 100 merged", "row 101 merged", "reported"] and watched_to_the_end
+        [record, *_] = instance.fetch_materializations(MIRRORS[NOTES], limit=100).records
+        assert record.run_id == result.run_id
+    assert_equal_to_source(pg, config)

@@ -16,7 +16,8 @@ initial copy, not measured), then ``dagster dev`` on the code location with
   changes to (one run per cycle); ``table``: each table's sensor launches a merge run of its own;
   ``follow``: one drain run follows the slot's stream for the whole load (``drain.follow_seconds``,
   a durable batch every ``drain.commit_seconds: 1``) and each table's sensor launches a merge run
-  of its own;
+  of its own; ``follow-drain``: the same following drain run with ``schedule.merge_with_drain``,
+  so it merges the tables after each durable batch itself (one Spark session for the whole load);
 * a queued run coordinator that dequeues every second, pools of one (one drain, one writer per
   table), the default run launcher (a process per run);
 * ``connect``: ``spark.remote`` to a ``cdc-assets spark-server`` started first (a run opens a
@@ -110,11 +111,11 @@ def write_files(work: Path, dsn_variable: str, spark: dict[str, Any], merges: st
             "drain_lag_bytes": 1,
             "drain_check_seconds": 5,
             "merge_check_seconds": 5,
-            "merge_with_drain": merges == "drain",
+            "merge_with_drain": merges in ("drain", "follow-drain"),
         },
         "tables": {name: {} for name in TABLES},
     }
-    if merges == "follow":  # one drain run follows the stream for the whole load
+    if merges.startswith("follow"):  # one drain run follows the stream for the whole load
         document["drain"] = {"follow_seconds": minutes * 60 + 600, "commit_seconds": FOLLOW_COMMIT_SECONDS}
     (work / "cdc.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
     home = work / "dagster_home"
@@ -321,7 +322,8 @@ def main() -> int:
     parser.add_argument(
         "--merges",
         default="drain,table",
-        help="drain: merge_with_drain; table: a run per table; follow: a drain run that follows, a merge run per table",
+        help="drain: merge_with_drain; table: a run per table; follow: a drain run that follows, a merge run per"
+        " table; follow-drain: a drain run that follows and merges after each durable batch",
     )
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument("--out", default="freshness-out")

@@ -14,6 +14,7 @@ are never opened by a batch of recent ones)."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -30,8 +31,9 @@ from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
 from tests.conftest import Database
-from tests.support.delta_read import difference
+from tests.support.delta_read import difference, holds_key
 from tests.support.mirror import Mirror
+from tests.support.pipeline import wait_until
 from tests.support.records import INT8, KEY, T0, TEXT, ChangeLog, numeric_modifier, relation
 
 
@@ -664,6 +666,32 @@ def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-unt
     assert mirror.applied("public.ca") <= mirror.checkpoint_lsn()
     mirror.check("public.ca")
     mirror.check("public.cb")
+
+
+@pytest.mark.slow
+def test_cli_sync_follow_merges_after_each_durable_batch_until_stopped(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """``cdc-assets sync --follow``: while the drain follows, each change reaches its Delta table
+    (a summary line per merge) before the command ends; SIGTERM ends it with exit 130 and the
+    table equal to the source."""
+    mirror = mirror_of({"public.fa": {}}, "CREATE TABLE fa (id int PRIMARY KEY, v text)")
+    mirror.setup()
+    syncing = mirror.popen("sync", "--follow", "600")
+    try:
+        for i in range(3):
+            mirror.sql(f"INSERT INTO fa VALUES ({i}, 'while following')")
+            wait_until(
+                lambda key=i: holds_key(mirror.path("public.fa"), key),
+                timeout=180,
+                what=f"row {i} in Delta",
+            )
+        assert syncing.poll() is None  # merged by the following sync, not after it
+    finally:
+        syncing.send_signal(signal.SIGTERM)
+        out, err = syncing.communicate(timeout=120)
+    assert syncing.returncode == 130, err
+    merges = [line for line in out.splitlines() if line.startswith("public.fa: 1 change records → 1 inserted")]
+    assert len(merges) >= 3, out
+    mirror.check("public.fa")
 
 
 def test_the_driver_gets_a_code_cache_that_a_long_lived_session_does_not_fill() -> None:

@@ -30,6 +30,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from cdc_assets.apply.planner import COMMIT_TIME, LSN
 from cdc_assets.apply.spark_types import to_delta_arrow
+from cdc_assets.apply.target import delta_table_exists
 from cdc_assets.config import TableName
 from cdc_assets.pgoutput.values import column_converter
 from tests.support.oracle import read_source_text
@@ -53,6 +54,11 @@ def spark_table(spark: Any, path: str) -> pa.Table:
 def rust_table(path: str) -> pa.Table:
     reader = QueryBuilder().register("t", DeltaTable(path)).execute("select * from t")
     return pa.table(reader.read_all())
+
+
+def holds_key(path: str, key: object, column: str = "id") -> bool:
+    """Whether the Delta table at ``path`` exists and has a row whose ``column`` is ``key``."""
+    return delta_table_exists(path) and key in rust_table(path).column(column).to_pylist()
 
 
 def spark_rows(spark: Any, path: str) -> list[Row]:

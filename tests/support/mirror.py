@@ -123,7 +123,7 @@ class Mirror:
 
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "cdc_assets", *args, "-c", str(self.config_path)],
+            self._command(*args),
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -131,6 +131,20 @@ class Mirror:
             check=False,
             env={**_environ(), DSN_VARIABLE: self.db.dsn},
         )
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        """The command of :meth:`cli`, started and left running."""
+        return subprocess.Popen(
+            self._command(*args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**_environ(), DSN_VARIABLE: self.db.dsn},
+        )
+
+    def _command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "cdc_assets", *args, "-c", str(self.config_path)]
 
     # -- looking ---------------------------------------------------------------------------------
 

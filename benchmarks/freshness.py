@@ -3,6 +3,7 @@ the pipeline as a user would configure it for low latency.
 
     python benchmarks/freshness.py [--pg 16] [--rate 500] [--minutes 10] [--scale 10]
                                    [--runtimes connect,local] [--merges drain,table] [--warmup 60]
+                                   [--parallel-merges N]
                                    [--out freshness-out]
 
 Per runtime, on a fresh server: ``pgbench -i`` (its three keyed tables: accounts, tellers,
@@ -215,25 +216,31 @@ def run_kind(tags: Mapping[str, str]) -> str:
     return "other"
 
 
-def run_figures(home: Path) -> dict[str, Any]:
+def run_figures(home: Path, stopped_at: float) -> dict[str, Any]:
     """The runs Dagster ran, per kind (drain, drain+merge, merge, other): how many, the median wait from
-    creation to start and the median run time; and how many failed."""
+    creation to start and the median run time; how many failed, and how many were still running
+    when the benchmark stopped ``dagster dev`` at ``stopped_at`` (a following drain: Dagster marks
+    them failed, "interrupted")."""
     os.environ["DAGSTER_HOME"] = str(home)
     import dagster as dg
 
     with dg.DagsterInstance.get() as instance:
         records = instance.get_run_records()
     kinds: dict[str, list[tuple[float, float]]] = {}
-    failed = 0
+    failed = stopped = 0
     for record in records:
         kind = run_kind(record.dagster_run.tags)
         if record.dagster_run.status == dg.DagsterRunStatus.FAILURE:
-            failed += 1
+            if record.end_time is not None and record.end_time >= stopped_at:
+                stopped += 1
+            else:
+                failed += 1
         if record.start_time and record.end_time:
             waited = record.start_time - record.create_timestamp.timestamp()
             kinds.setdefault(kind, []).append((waited, record.end_time - record.start_time))
     return {
         "failed": failed,
+        "stopped": stopped,
         "runs": {
             kind: {
                 "count": len(runs),
@@ -255,6 +262,8 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         # the first apply sends the 1,000,000-row copy to the driver (over Connect: one local relation)
         conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", "spark.driver.memory": "6g"}
         spark = {"remote": f"sc://127.0.0.1:{port}"} if runtime == "connect" else {"master": "local[2]"}
+        if args.parallel_merges is not None:
+            spark["parallel_merges"] = args.parallel_merges
         env = {
             **os.environ,
             "CDC_SOURCE_DSN": cluster.dsn(),
@@ -294,6 +303,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
                 "max_s": _rounded(max(values, default=None)),
                 "samples": len(values),
             }
+        stopped_at = time.time()
         for process in reversed(processes):
             stop(process)
         processes.clear()
@@ -302,7 +312,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
             "logged_transactions": transactions,
             "load_s": round(pgbench_s, 1),
             "tx_per_s": round(transactions / pgbench_s, 1),
-            "dagster": run_figures(work / "dagster_home"),
+            "dagster": run_figures(work / "dagster_home", stopped_at),
             "samples": sampler.samples,
             "work": str(work),
         }
@@ -326,6 +336,7 @@ def main() -> int:
         " table; follow-drain: a drain run that follows and merges after each durable batch",
     )
     parser.add_argument("--warmup", type=float, default=60.0)
+    parser.add_argument("--parallel-merges", type=int, help="spark.parallel_merges (default: the config's)")
     parser.add_argument("--out", default="freshness-out")
     args = parser.parse_args()
     out = Path(args.out)
@@ -347,7 +358,8 @@ def main() -> int:
     ]
     print(common.table(["runtime/merges", "table", "p50 (s)", "p95 (s)", "max (s)", "samples", "tx/s logged"], rows))
     for runtime, r in results.items():
-        print(f"{runtime}: Dagster runs {r['dagster']['runs']}, failed {r['dagster']['failed']}")
+        dagster = r["dagster"]
+        print(f"{runtime}: Dagster runs {dagster['runs']}, failed {dagster['failed']}, stopped {dagster['stopped']}")
     return 0
 
 

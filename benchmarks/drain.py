@@ -4,7 +4,7 @@
                                [--rows 2000000] [--batch-changes N] [--big-batch N] [--profile]
                                [--json out.json]
 
-rate: ``pgbench -i``, then ``cdc_assets.setup.setup`` of one slot and change log per measurement
+rate: ``pgbench -i``, then ``cdc_assets.pipeline.setup.setup`` of one slot and change log per measurement
       (same publication ``bench_pub`` on the four pgbench tables), all before the load, so that
       every slot holds the same range: ``pgbench -n -t <transactions / 2> -c 2`` (4 changes per
       transaction), then ``CHECKPOINT``; the range ends at the flush LSN after that. Its messages,
@@ -14,7 +14,7 @@ rate: ``pgbench -i``, then ``cdc_assets.setup.setup`` of one slot and change log
           -o proto_version=<max> -o publication_names=bench_pub -o messages=true`` (PostgreSQL's
           own C client of the same protocol, the same pgoutput options as the drain's), timed as a
           whole command (process start, connection, the server's decoding, the transfer);
-        * ``cdc_assets.drain.drain(config)`` of the other slot, timed as a whole call (lock,
+        * ``cdc_assets.pipeline.drain.drain(config)`` of the other slot, timed as a whole call (lock,
           connections, checks, the stream and its receiving child, assembling, Parquet,
           checkpoints, confirmations, retention). The receiving child process is already started
           (the count pass leaves it idle in ``cdc_assets.stream.process.POOL``), as in every drain of
@@ -75,9 +75,9 @@ import psutil
 import psycopg
 
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import DrainProgress, drain
 from cdc_assets.lsn import format_lsn
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import DrainProgress, drain
+from cdc_assets.pipeline.setup import setup
 from cdc_assets.stream.options import max_proto_version
 from cdc_assets.stream.process import POOL
 
@@ -209,7 +209,7 @@ def phase_timers(acc: dict[str, float]) -> Iterator[None]:
     """Time the drain's phases by wrapping library methods for the duration (restored after).
     Times are exclusive (a wrapped call inside another counts for itself only), on the calling
     thread only."""
-    import cdc_assets.drain as drain_module
+    import cdc_assets.pipeline.drain as drain_module
     from cdc_assets.changelog.writer import BatchWriter
     from cdc_assets.stream.reader import SlotStream
     from cdc_assets.transactions import TransactionAssembler
@@ -484,7 +484,7 @@ CHILD = """
 import json, resource, sys, time
 import psutil
 from cdc_assets.config import load_config
-from cdc_assets.drain import drain
+from cdc_assets.pipeline.drain import drain
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.reader import SlotStream
 config = load_config(sys.argv[1])

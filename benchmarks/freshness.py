@@ -59,6 +59,7 @@ import _common as common
 from cdc_assets.apply.connect_server import STOP_TIMEOUT_S
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_sandbox.pgcluster import free_port
 
@@ -182,7 +183,7 @@ class Sampler(threading.Thread):
     def __init__(self, config: Config) -> None:
         super().__init__(daemon=True)
         self.config = config
-        self.transactions = Transactions(ChangeLogReader(config.changelog_store()))
+        self.transactions = Transactions(ChangeLogReader(changelog_store(config)))
         self.samples: list[dict[str, Any]] = []
         self.halt = threading.Event()
 

@@ -10,7 +10,7 @@ Full-size runs (a quiet machine), one per server version:
 
 Setup: a throwaway server (``--pg``), ``pgbench -i -s 1``, one more ``pgbench_accounts`` row
 outside pgbench's key range (for the old transaction), a table ``bulk`` that is not published,
-then ``cdc_assets.setup.setup`` of two slots and change logs on the same publication (the four
+then ``cdc_assets.pipeline.setup.setup`` of two slots and change logs on the same publication (the four
 pgbench tables), both before any load, with ``drain.commit_seconds: 2``:
 
 * the follower: ONE ``cdc-assets drain --follow <before + open + after + 5>`` subprocess
@@ -50,7 +50,7 @@ Figures:
   its intercept includes ~1-1.5 s of interpreter start and imports) and, beside it, of the
   drain's own elapsed time (``drained … (X s)`` in its output).
 * correctness: after the load ends, the follower's subprocess exits and both slots are drained once
-  more to the end (``cdc_assets.drain.drain``); both change logs must hold the same transactions
+  more to the end (``cdc_assets.pipeline.drain.drain``); both change logs must hold the same transactions
   (xid and end LSN, ``ChangeLogReader.transactions()``), the old transaction among them, and as
   many as pgbench reports processed plus the old one (pgbench's count also against
   ``count(*)`` of ``pgbench_history``).
@@ -79,9 +79,10 @@ import numpy as np
 import psycopg
 
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.setup import setup
 
 PUBLICATION = "bench_pub"
 PGBENCH_TABLES = [
@@ -276,7 +277,7 @@ def least_squares(xs: list[float], ys: list[float]) -> dict[str, float] | None:
 
 def log_transactions(config: Config) -> tuple[set[tuple[int, int]], int]:
     """(xid, end LSN) of every transaction in the change log, and their changes in total."""
-    table = ChangeLogReader(config.changelog_store()).transactions()
+    table = ChangeLogReader(changelog_store(config)).transactions()
     pairs = set(zip(table.column("xid").to_pylist(), table.column("end_lsn").to_pylist(), strict=True))
     return pairs, sum(table.column("changes").to_pylist())
 

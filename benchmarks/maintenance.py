@@ -43,10 +43,10 @@ from apply import FIRST_COMMIT, KEYED, SLOT, TABLE, build_base, change_records, 
 
 from cdc_assets.apply.maintenance import maintain_table
 from cdc_assets.apply.merge import write_plan
-from cdc_assets.apply.planner import RecordChunk, plan_changes
 from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import DeltaTarget, app_id
+from cdc_assets.changelog.planner import RecordChunk, plan_changes
 from cdc_assets.config import MaintenanceConfig, SparkConfig
 
 STRATEGIES = ("none", "optimize", "zorder", "auto", "liquid")

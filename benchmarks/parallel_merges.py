@@ -4,17 +4,17 @@
                                          [--rounds 6] [--parallel 4] [--out parallel.json]
 
 A throwaway PostgreSQL gets ``--tables`` tables of ``--rows`` rows each (bigint key, int,
-32-character text, numeric(12,2), timestamptz) in one publication; ``cdc_assets.setup.setup``
+32-character text, numeric(12,2), timestamptz) in one publication; ``cdc_assets.pipeline.setup.setup``
 copies them and one untimed apply writes the Delta tables, on one warm local Spark session
 (``spark.master`` ``local[2]``, the default). Each round then commits, per table, one transaction
 of ``--changes`` changes with random keys (80% updates of live keys, 10% deletes, 10% inserts of
-new keys), drains them (``cdc_assets.drain.drain``), and times one
+new keys), drains them (``cdc_assets.pipeline.drain.drain``), and times one
 ``cdc_assets.apply.runner.apply_tables`` over every table, with the CPU seconds this process and
 the JVM spent meanwhile — with ``spark.parallel_merges`` 1
 (serial) or ``--parallel``, after one untimed round that warms the session up, the two taking
 turns in the order A B B A A B … so that a drift of the machine falls on both. The figure is the median apply of each setting and their ratio (target:
 parallel ≤ 0.6 × serial). Finally every Delta table is compared with its source
-(``cdc_assets.parity.check_parity``). Output: the table of rounds and the verdict; ``--out``: JSON.
+(``cdc_assets.pipeline.parity.check_parity``). Output: the table of rounds and the verdict; ``--out``: JSON.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from soak import ChangingTable
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
-from cdc_assets.parity import check_parity
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.parity import check_parity
+from cdc_assets.pipeline.setup import setup
 
 PUBLICATION = "parallel_pub"
 

@@ -10,7 +10,7 @@ CHECKPOINT, and read once so that every run finds it in the page cache.
 
 setup: the baseline is one ``COPY (SELECT * FROM ONLY t) TO STDOUT (FORMAT binary)`` read through
        psycopg in this process, bytes only (``--baseline-repeat`` times, median): the source's own
-       limit for one connection. Then ``cdc_assets.setup.setup`` into a fresh change log on local
+       limit for one connection. Then ``cdc_assets.pipeline.setup.setup`` into a fresh change log on local
        disk (durable: Parquet, fsync, checkpoint) with ``source.snapshot_workers`` each of
        ``--workers``, timed whole (checks, publication, slot, copy, close), its slot dropped
        afterwards. Reported: rows/s and MiB/s (of the table's heap) of each, the ratio setup ÷
@@ -18,7 +18,7 @@ setup: the baseline is one ``COPY (SELECT * FROM ONLY t) TO STDOUT (FORMAT binar
        during each run, which show where the time goes. The baseline is measured again after the
        setups, and the ratio uses the faster of the two medians (the stricter).
 
-online: the same table set up once (not timed), then ``cdc_assets.online_snapshot.snapshot_tables``
+online: the same table set up once (not timed), then ``cdc_assets.pipeline.online_snapshot.snapshot_tables``
        — the table copied again while a write load runs on another connection: single-statement
        autocommit transactions paced at ``--load-tps`` (80% updates of random keys, 10% inserts of
        new keys, 10% deletes). Reported: the copy's seconds, rows/s and MiB/s, CPU seconds, the
@@ -52,9 +52,9 @@ import psutil
 import psycopg
 
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
-from cdc_assets.online_snapshot import TableCopied, snapshot_tables
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.online_snapshot import TableCopied, snapshot_tables
+from cdc_assets.pipeline.setup import setup
 from cdc_assets.source.connection import one_row
 from cdc_sandbox.pgcluster import ThrowawayCluster
 

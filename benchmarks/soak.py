@@ -6,7 +6,7 @@
 
 A throwaway PostgreSQL gets one table of ``--rows`` rows (bigint key, int, 32-character text,
 numeric(12,2), timestamptz). Two pipelines read it, each with its own slot, change log and
-warehouse, both set up with ``cdc_assets.setup.setup`` and applied on one warm Spark session:
+warehouse, both set up with ``cdc_assets.pipeline.setup.setup`` and applied on one warm Spark session:
 
 * ``maintained``: the default ``warehouse.maintenance`` (``maintain_tables``: OPTIMIZE, REORG …
   APPLY (PURGE) when due, VACUUM with the 7-day default) every ``--maintain-every`` cycles — at one
@@ -21,7 +21,7 @@ warehouse, both set up with ``cdc_assets.setup.setup`` and applied on one warm S
 
 Each cycle is one source transaction of ``--changes`` changes with random keys (80% updates of
 live keys, 10% inserts of new keys, 10% deletes of live keys), then for each pipeline a drain and
-an apply (``cdc_assets.drain.drain``, ``cdc_assets.apply.runner.apply_tables``), the pipelines
+an apply (``cdc_assets.pipeline.drain.drain``, ``cdc_assets.apply.runner.apply_tables``), the pipelines
 taking turns so that a busy moment of the machine falls on both. Recorded per cycle and pipeline:
 apply seconds, the Delta table's data files and deletion-vector files (its current version, read
 with delta-rs), the files in its ``_delta_log``, the change log's files and bytes on disk,
@@ -33,7 +33,7 @@ Spark) and the driver's heap after a full collection. A *control* tells the sess
 table's: a copy of the maintained table made after the initial apply, which only every
 ``--read-every`` cycles gets one MERGE of ``--changes`` updates on the same session — if its time
 rises too, what grows is the session, not the table.
-Finally both Delta tables are compared with the source (``cdc_assets.parity.check_parity``).
+Finally both Delta tables are compared with the source (``cdc_assets.pipeline.parity.check_parity``).
 
 Output: ``soak.json`` (every figure; ``soak.partial.json`` every 50 cycles until then) and
 ``soak.png`` (the curves) in ``--out``, and the
@@ -66,9 +66,9 @@ from cdc_assets.apply.runner import apply_tables
 from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
-from cdc_assets.parity import Parity, check_parity
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.parity import Parity, check_parity
+from cdc_assets.pipeline.setup import setup
 
 TABLE = "public.soak"
 NO_RETENTION_HOURS = 100_000.0

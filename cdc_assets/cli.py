@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TextIO
 
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, SparkConfig, config_path, load_config
 from cdc_assets.errors import CdcError, ConfigError
 from cdc_assets.interrupts import stop_on_sigterm
@@ -26,7 +27,7 @@ from cdc_assets.lsn import format_lsn
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from cdc_assets.drain import DurableBatch
+    from cdc_assets.pipeline.drain import DurableBatch
 
 COMMANDS_ENTRY_POINT = "cdc_assets.commands"
 """Entry-point group of commands other packages add: each is ``add(subparsers) -> None``."""
@@ -160,7 +161,7 @@ def _config(args: argparse.Namespace) -> Config:
 
 
 def _setup(args: argparse.Namespace) -> int:
-    from cdc_assets.setup import setup
+    from cdc_assets.pipeline.setup import setup
 
     config = _config(args)
     progress = Progress()
@@ -192,7 +193,7 @@ def _setup(args: argparse.Namespace) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from cdc_assets.online_snapshot import snapshot_tables
+    from cdc_assets.pipeline.online_snapshot import snapshot_tables
 
     progress = Progress()
     for copied in snapshot_tables(_config(args), args.tables, progress=lambda p: progress.show(p.line())):
@@ -215,7 +216,7 @@ def _seconds(text: str) -> float:
 def _drain(
     args: argparse.Namespace, config: Config | None = None, on_batch: Callable[[DurableBatch], None] | None = None
 ) -> int:
-    from cdc_assets.drain import DrainProgress, drain
+    from cdc_assets.pipeline.drain import DrainProgress, drain
 
     config = config or _config(args)
     progress = Progress()
@@ -256,7 +257,7 @@ def _apply(args: argparse.Namespace, config: Config | None = None, spark: SparkS
         print(result.summary())
 
     if spark is None:  # nothing to apply before setup: say so before starting Spark
-        require_checkpoint(config.changelog_store())
+        require_checkpoint(changelog_store(config))
     apply_tables(config, spark or _spark(config), getattr(args, "table", None), progress=show)
     return 0
 
@@ -318,7 +319,7 @@ def _spark_server(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from cdc_assets.status import read_status
+    from cdc_assets.pipeline.status import read_status
 
     status = read_status(_config(args))
     if args.json:

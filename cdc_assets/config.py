@@ -17,54 +17,17 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import ConfigError
+from cdc_assets.names import TableName
 from cdc_assets.storage import StorageConfig, is_s3
 
 CONFIG_ENV = "CDC_CONFIG"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_IDENTIFIER_PART = r'(?:"(?:[^"]|"")+"|[^".]+)'
-_QUALIFIED = re.compile(rf"^({_IDENTIFIER_PART})(?:\.({_IDENTIFIER_PART}))?$")
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SECRET_KEYS = frozenset({"dsn", "access_key_id", "secret_access_key", "session_token"})  # never echoed
 
 Streaming = Literal["off", "on", "parallel"]
 _Choice = TypeVar("_Choice", bound=str)
-
-
-@dataclass(slots=True, frozen=True)
-class TableName:
-    """A schema-qualified table name, unquoted (``TableName("public", "orders")``)."""
-
-    schema: str
-    name: str
-
-    @classmethod
-    def parse(cls, text: str) -> TableName:
-        """``orders``, ``public.orders`` or ``"My Schema"."My.Table"`` (``public`` by default)."""
-        match = _QUALIFIED.match(text.strip())
-        if match is None:
-            raise ValueError(f"not a table name: {text!r} (expected schema.table)")
-        first, second = match.group(1), match.group(2)
-        if second is None:
-            return cls("public", _unquote(first))
-        return cls(_unquote(first), _unquote(second))
-
-    def __str__(self) -> str:
-        return f"{self.schema}.{self.name}"
-
-    @property
-    def sql(self) -> str:
-        """The name quoted for SQL."""
-        return f"{quote_identifier(self.schema)}.{quote_identifier(self.name)}"
-
-
-def quote_identifier(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _unquote(part: str) -> str:
-    return part[1:-1].replace('""', '"') if part.startswith('"') else part
 
 
 @dataclass(slots=True, frozen=True)
@@ -208,10 +171,6 @@ class Config:
                 return table
         known = ", ".join(str(t.name) for t in self.tables)
         raise ConfigError(f"table {wanted} is not configured (configured: {known})")
-
-    def changelog_store(self) -> LogStore:
-        """The change log's files, with the ``storage`` settings."""
-        return LogStore(self.changelog_path, self.storage)
 
     @property
     def delta_storage_options(self) -> dict[str, str]:

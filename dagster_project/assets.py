@@ -16,16 +16,17 @@ import dagster as dg
 from dagster import AssetExecutionContext
 
 from cdc_assets.apply.follower import MergeFollower
+from cdc_assets.apply.history import history_rows, write_history
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, TableConfig
-from cdc_assets.drain import DrainProgress, DrainResult, DurableBatch, drain
 from cdc_assets.errors import CdcError
-from cdc_assets.history import history_rows, write_history
 from cdc_assets.lsn import format_lsn
-from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
+from cdc_assets.pipeline.drain import DrainProgress, DrainResult, DurableBatch, drain
+from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.run_tags import MERGES_TAG
 from dagster_project.settings import Settings
@@ -195,7 +196,7 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         context: AssetExecutionContext, source: CdcSource, spark: SparkResource
     ) -> Iterator[dg.MaterializeResult[None]]:
         config = source.config()
-        reader = ChangeLogReader(config.changelog_store())
+        reader = ChangeLogReader(changelog_store(config))
         checkpoint = reader.require_checkpoint()
         state = checkpoint.tables.get(name)
         if MERGES_TAG in context.run.tags and (state is None or state.held_by(table_applied_lsn(config, table))):
@@ -327,7 +328,7 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
     )
     def history(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
-        reader = ChangeLogReader(config.changelog_store())
+        reader = ChangeLogReader(changelog_store(config))
         checkpoint = reader.checkpoint()
         state = checkpoint.tables.get(name) if checkpoint else None
         if state is None:

@@ -37,6 +37,7 @@ from dagster._time import get_current_timestamp  # the clock that stamps Dagster
 
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source.connection import connect
@@ -152,7 +153,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",
     )
     def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-        checkpoint = read_checkpoint(config.changelog_store())
+        checkpoint = read_checkpoint(changelog_store(config))
         state = checkpoint.tables.get(name) if checkpoint else None
         if checkpoint is None or state is None:
             return dg.SkipReason(f"the change log holds nothing for {name} yet")

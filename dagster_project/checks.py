@@ -6,7 +6,7 @@ import dagster as dg
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
-from cdc_assets.parity import check_parity
+from cdc_assets.pipeline.parity import check_parity
 from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, connect, read_held_wal
 from cdc_assets.source.connection import one_row
 from dagster_project.assets import CHANGELOG_KEY, mirror_key, table_pool

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import dagster as dg
 
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import changelog_store
 from dagster_project.assets import (
     build_changelog_asset,
     build_history_asset,
@@ -73,7 +74,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
 
 def _history_start(settings: Settings) -> datetime:
     """The day of the initial snapshot (history partitions start there); today before setup."""
-    checkpoint = read_checkpoint(settings.config.changelog_store())
+    checkpoint = read_checkpoint(changelog_store(settings.config))
     moment = (
         datetime.fromtimestamp(checkpoint.snapshot_time_us / 1e6, tz=UTC)
         if checkpoint and checkpoint.snapshot_time_us

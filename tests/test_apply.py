@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 from cdc_assets.apply.merge import _key_bounds, write_plan
-from cdc_assets.apply.planner import plan_changes
 from cdc_assets.apply.runner import delta_target
 from cdc_assets.apply.session import session_settings
+from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ

@@ -71,9 +71,9 @@ from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
 from cdc_assets.lsn import format_lsn
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.setup import setup
 from tests.conftest import Database
 from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
 from tests.support.pipeline import wait_until

@@ -7,10 +7,10 @@ Per seed (``tests/support/workload.py`` says what the workload does):
 
 1. a schema ``diff<seed>`` with the workload's eight tables and ~25 rows each (so the initial
    snapshot has content), its own publication, slot, change log and warehouse;
-2. ``cdc_assets.setup.setup``;
+2. ``cdc_assets.pipeline.setup.setup``;
 3. ``CDC_DIFF_SYNCS`` chunks of the workload (``CDC_DIFF_OPS`` operations in all, one forced
    large transaction in a random chunk; a chunk may end with a prepared transaction left open
-   across the sync), each followed by a sync: ``cdc_assets.drain.drain`` — with ``streaming`` on
+   across the sync), each followed by a sync: ``cdc_assets.pipeline.drain.drain`` — with ``streaming`` on
    or off and a small or large ``batch_changes``, chosen per drain — and
    ``cdc_assets.apply.runner.apply_tables`` on the shared Spark session. Some chunks are split
    by an extra drain without an apply, so one apply covers several drains;
@@ -44,10 +44,11 @@ import pytest
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
 from cdc_assets.lsn import format_lsn
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.setup import setup
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
 from tests.conftest import Database
@@ -177,7 +178,7 @@ def run_seed(
                 result.drains += 1
                 result.changes += done.total_changes
                 sync(f"{kind}s only")
-        result.coverage = {t.split(".", 1)[1]: c for t, c in log_coverage(config.changelog_store()).items()}
+        result.coverage = {t.split(".", 1)[1]: c for t, c in log_coverage(changelog_store(config)).items()}
     except Exception as error:  # noqa: BLE001 — keep going with the other seeds; reported at the end
         result.problems.append(f"seed {seed}: {type(error).__name__}: {error}")
     finally:
@@ -294,7 +295,7 @@ def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
 
     quiet = ticks()  # merged by the seed, never by Dagster: each sensor says its mirror is current
     assert len(quiet) == len(config.tables)
-    current = format_lsn(read_checkpoint(config.changelog_store()).lsn)  # type: ignore[union-attr]
+    current = format_lsn(read_checkpoint(changelog_store(config)).lsn)  # type: ignore[union-attr]
     assert all(
         not t.run_requests and [e.metadata["checkpoint_lsn"].value for e in t.asset_events] == [current]
         for t in quiet.values()

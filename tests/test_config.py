@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc_assets.config import TableName, load_config, parse_config
+from cdc_assets.config import load_config, parse_config
 from cdc_assets.errors import ConfigError
+from cdc_assets.names import TableName
 
 EXAMPLE = """
 source:

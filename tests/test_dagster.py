@@ -42,7 +42,7 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import load_config
 from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.setup import setup
 from cdc_assets.source import DrainLock
 from dagster_project.assets import (
     CHANGELOG_KEY,

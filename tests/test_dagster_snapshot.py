@@ -16,7 +16,7 @@ import yaml
 from delta.tables import DeltaTable
 
 from cdc_assets.config import load_config
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.setup import setup
 from dagster_project.assets import SNAPSHOT_KEY, table_pool
 from dagster_project.demo.run import DAGSTER_YAML
 from tests.conftest import Database

@@ -18,9 +18,7 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
-from cdc_assets import drain as drain_module
 from cdc_assets.changelog.segment_file import RELATION_KEY
-from cdc_assets.drain import DrainProgress
 from cdc_assets.errors import (
     CdcError,
     DrainLockedError,
@@ -32,6 +30,8 @@ from cdc_assets.errors import (
     SourcePermissionError,
 )
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pipeline import drain as drain_module
+from cdc_assets.pipeline.drain import DrainProgress
 from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.stream.options import max_proto_version
 from tests.conftest import Database

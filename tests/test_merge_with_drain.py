@@ -15,8 +15,9 @@ import yaml
 
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
+from cdc_assets.pipeline.drain import drain
 from tests.conftest import Database
 from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES, load_code_location
 from tests.support.delta_read import difference, holds_key, rust_rows, source_rows, split_metadata
@@ -87,7 +88,7 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         [event] = [e for e in second.get_asset_materialization_events() if e.asset_key == MIRRORS[CUSTOMERS]]
         metadata = {k: v.value for k, v in event.materialization.metadata.items()}
         assert (metadata["inserted"], metadata["updated"], metadata["deleted"]) == (1, 1, 0)
-        checkpoint = read_checkpoint(config.changelog_store())
+        checkpoint = read_checkpoint(changelog_store(config))
         assert checkpoint is not None
         assert table_applied_lsn(config, config.table(CUSTOMERS)) == checkpoint.lsn
         assert_equal_to_source(pg, config)

@@ -17,6 +17,7 @@ from dagster._core.test_utils import freeze_time
 from dagster._time import get_current_timestamp
 
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from dagster_project.assets import mirror_key
@@ -67,7 +68,7 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
 
         def drained() -> int:
             assert drain.execute_in_process(instance=instance).success
-            checkpoint = read_checkpoint(config.changelog_store())
+            checkpoint = read_checkpoint(changelog_store(config))
             assert checkpoint is not None
             return checkpoint.lsn
 

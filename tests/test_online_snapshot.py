@@ -27,11 +27,12 @@ from pyspark.sql import functions as F
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import drain
 from cdc_assets.faults import ENV as FAULT
-from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
+from cdc_assets.pipeline.setup import setup
 from tests.conftest import Database
 from tests.support.oracle import assert_mirrors
 from tests.support.parity import compare_all, fast_spark, report
@@ -206,7 +207,7 @@ def test_snapshot_killed_at_random_points_then_rerun(pg: Database, spark: Any, t
             if len(kills) % 4 == 1:  # and now and then merged, whatever the kills left
                 applied = apply_tables(config, session)
                 problems = report(compare_all(config, pg.dsn, None))
-                checkpoint = ChangeLogReader(config.changelog_store()).require_checkpoint()
+                checkpoint = ChangeLogReader(changelog_store(config)).require_checkpoint()
                 assert not problems, (
                     f"after kills at {kills}: applied {[r.summary() for r in applied]}; checkpoint"
                     f" {checkpoint.lsn:X}, {bag}: {checkpoint.tables.get(bag)}\n{problems}"

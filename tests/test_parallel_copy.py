@@ -15,12 +15,13 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from cdc_assets.config import SourceConfig, TableName, parse_config
+from cdc_assets.config import SourceConfig, parse_config
 from cdc_assets.errors import ConfigError, SourcePermissionError
+from cdc_assets.names import TableName
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.messages import InsertMessage
 from cdc_assets.pgoutput.types import TypeCatalog
-from cdc_assets.snapshot_copy import RANGE_POSITIONS
+from cdc_assets.pipeline.snapshot_copy import RANGE_POSITIONS
 from cdc_assets.source import connect, create_slot_with_snapshot, load_type_catalog
 from cdc_assets.source.copy_plan import RANGE_BLOCKS_MAX, RANGE_BLOCKS_MIN, BlockRange, block_ranges
 from cdc_assets.source.parallel_copy import ParallelCopy

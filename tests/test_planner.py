@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_assets.apply.planner import (
+from cdc_assets.changelog.planner import (
     ACTION,
     COMMIT_TIME,
     COPIES,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cdc_assets.errors import PublicationMismatchError
-from cdc_assets.online_snapshot import snapshot_tables
+from cdc_assets.pipeline.online_snapshot import snapshot_tables
 from tests.conftest import Database
 from tests.support.mirror import Mirror
 

@@ -1,4 +1,4 @@
-"""Change-log retention (``cdc_assets.retention``) against real PostgreSQL: segments every reader
+"""Change-log retention (``cdc_assets.changelog.retention``) against real PostgreSQL: segments every reader
 has applied are folded into a compacted base and deleted, and the log still replays to the source
 (the oracle, ``tests/support/oracle.py``, reads each table from its latest copy); a table held
 behind keeps its segments, ``status`` says how much it holds, and it catches up exactly; a drain
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from cdc_assets.apply.history import HistoryGoneError, history_rows
 from cdc_assets.apply.runner import rebuild_table
 from cdc_assets.changelog.snapshot_runs import is_base
 from cdc_assets.errors import CdcError
-from cdc_assets.history import HistoryGoneError, history_rows
-from cdc_assets.online_snapshot import CopyProgress, snapshot_tables
-from cdc_assets.status import read_status
+from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
+from cdc_assets.pipeline.status import read_status
 from dagster_project.assets import drain_metadata
 from tests.conftest import Database
 from tests.support.applied_marker import mark_applied

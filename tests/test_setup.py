@@ -275,7 +275,7 @@ def test_setup_refusals(pg: Database, tmp_path: Path, role: str) -> None:
     )
     with pytest.raises(SourcePermissionError, match="cannot use replication slots"):
         from cdc_assets.config import load_config
-        from cdc_assets.setup import setup
+        from cdc_assets.pipeline.setup import setup
 
         setup(load_config(pipe.config_path, environ={"CDC_SOURCE_DSN": pg.cluster.dsn(pg.name, user=role)}))
     nothing_created()

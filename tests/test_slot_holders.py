@@ -17,8 +17,8 @@ import dagster as dg
 import psycopg
 import pytest
 
+from cdc_assets.pipeline.status import Status
 from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, PinningTransaction, read_held_wal, server_major
-from cdc_assets.status import Status
 from dagster_project.assets import CHANGELOG_KEY, build_changelog_asset
 from dagster_project.checks import build_held_wal_check
 from dagster_project.factory import build_definitions

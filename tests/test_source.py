@@ -15,7 +15,7 @@ import psutil  # type: ignore[import-untyped]
 import psycopg
 import pytest
 
-from cdc_assets.config import Config, SourceConfig, TableConfig, TableName
+from cdc_assets.config import Config, SourceConfig, TableConfig
 from cdc_assets.errors import (
     ConfigError,
     DrainLockedError,
@@ -28,6 +28,7 @@ from cdc_assets.errors import (
     SourcePermissionError,
     TableMissingError,
 )
+from cdc_assets.names import TableName
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.decoder import PgoutputDecoder
 from cdc_assets.pgoutput.messages import (

@@ -18,7 +18,7 @@ from cdc_assets.apply.session import hadoop_version, session_settings
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import applied_lsn
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from cdc_assets.changelog.store import LogStore
+from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.config import parse_config
 from cdc_assets.errors import ConfigError, StorageError
 from cdc_assets.storage import StorageConfig
@@ -134,7 +134,7 @@ def test_the_change_log_store_and_delta_rs_reach_the_bucket(bucket: Bucket, tmp_
     )
     environ = {"KEY": bucket.storage.access_key_id or "", "SECRET": bucket.storage.secret_access_key or ""}
     config = parse_config(text, origin=tmp_path / "cdc.yaml", environ=environ)
-    store = config.changelog_store()
+    store = changelog_store(config)
     assert not store.local and store.root == f"{bucket.uri}/changelog"
     write_checkpoint(store, Checkpoint("cdc_slot", 0x10))
     write_checkpoint(store, Checkpoint("cdc_slot", 0x20))

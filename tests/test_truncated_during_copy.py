@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 from psycopg import errors
 
-import cdc_assets.online_snapshot
-import cdc_assets.setup
-from cdc_assets.config import SourceConfig, TableName
+import cdc_assets.pipeline.online_snapshot
+import cdc_assets.pipeline.setup
+from cdc_assets.config import SourceConfig
 from cdc_assets.errors import TableRewrittenError
-from cdc_assets.online_snapshot import snapshot_tables
+from cdc_assets.names import TableName
+from cdc_assets.pipeline.online_snapshot import snapshot_tables
 from cdc_assets.source import ExportedSnapshot, create_slot_with_snapshot
 from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.source.snapshot import SnapshotReader
@@ -102,7 +103,7 @@ def test_setup_copies_again_when_a_table_is_truncated_after_its_snapshot(
     pg.execute(TABLES)
     seen: list[int] = []
     pipe = Pipeline(pg, tmp_path, ["public.t", "public.parted"])
-    monkeypatch.setattr(cdc_assets.setup, "create_slot_with_snapshot", truncating_once(pg, TRUNCATE_T, seen))
+    monkeypatch.setattr(cdc_assets.pipeline.setup, "create_slot_with_snapshot", truncating_once(pg, TRUNCATE_T, seen))
     with caplog.at_level(logging.WARNING):
         result = pipe.setup()
     assert result.snapshot_lsn is not None and result.snapshot_lsn > seen[0], "the copy kept the first snapshot"
@@ -126,7 +127,7 @@ def test_an_online_snapshot_copies_again_when_the_table_is_truncated_after_its_s
     pg.execute("UPDATE t SET v = 'changed' WHERE id <= 10")
     seen: list[int] = []
     create = truncating_once(pg, TRUNCATE_T + "; UPDATE t SET v = 'moved' WHERE id = 1", seen)
-    monkeypatch.setattr(cdc_assets.online_snapshot, "create_slot_with_snapshot", create)
+    monkeypatch.setattr(cdc_assets.pipeline.online_snapshot, "create_slot_with_snapshot", create)
     (copied,) = snapshot_tables(pipe.config(), ["public.t"])
     assert copied.consistent_point > seen[0] and copied.rows == 3
     runs = sorted(p.name for p in (Path(pipe.changelog) / "snapshots" / "public.t").iterdir())

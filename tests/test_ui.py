@@ -35,7 +35,7 @@ from dagster import __version__ as dg_version
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.setup import setup
 from cdc_sandbox.pgcluster import free_port
 from tests.conftest import Database
 from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_dagster_config

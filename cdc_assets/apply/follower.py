@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.apply.runner import TableApplied, apply_tables
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import TableState, read_checkpoint
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError
 
@@ -86,7 +87,7 @@ class MergeFollower:
     def _due(self) -> list[str]:
         """The configured tables whose checkpoint entry changed since the last look (at the first
         look: whose Delta table does not hold every change the log has for it)."""
-        checkpoint = read_checkpoint(self._config.changelog_store())
+        checkpoint = read_checkpoint(changelog_store(self._config))
         if checkpoint is None:
             return []
         tables = {name: state for name, state in checkpoint.tables.items() if name in self._configured}

@@ -32,8 +32,10 @@ from cdc_assets.apply.runner import delta_target
 from cdc_assets.apply.table_files import TableFiles, table_files
 from cdc_assets.apply.target import DeltaTarget, backquote
 from cdc_assets.changelog.checkpoint import read_checkpoint
-from cdc_assets.config import Config, MaintenanceConfig, TableName
+from cdc_assets.changelog.store import changelog_store
+from cdc_assets.config import Config, MaintenanceConfig
 from cdc_assets.lsn import format_lsn
+from cdc_assets.names import TableName
 
 
 @dataclass(slots=True)
@@ -115,7 +117,7 @@ def maintain_tables(
 
 def first_key_column(config: Config, table: str) -> str | None:
     """The first replica-identity key column of ``table`` as the change log last saw it."""
-    checkpoint = read_checkpoint(config.changelog_store())
+    checkpoint = read_checkpoint(changelog_store(config))
     state = checkpoint.tables.get(table) if checkpoint else None
     keys = state.relation.key_columns if state else ()
     return keys[0] if keys else None

@@ -1,4 +1,4 @@
-"""A :class:`~cdc_assets.apply.planner.ChangePlan` → one Delta commit.
+"""A :class:`~cdc_assets.changelog.planner.ChangePlan` → one Delta commit.
 
 * **Keyed**: one MERGE on the key (null-safe), bounded by the plan's range of the first key
   column so Delta skips the files outside it. Unresolved TOAST columns are first filled from the
@@ -22,7 +22,7 @@
 * **Truncate**: an overwrite with the rows that follow the cut — emptying and refilling in one
   commit, so the table never shows a half-applied transaction.
 
-Where the plan's :attr:`~cdc_assets.apply.planner.ChangePlan.shape` allows, less: a batch that
+Where the plan's :attr:`~cdc_assets.changelog.planner.ChangePlan.shape` allows, less: a batch that
 only inserted is an append (no MERGE: no search for matching rows), and a keyed batch of updates
 without key changes (and no row filter) a MERGE without its insert clause, which Delta joins to
 the rows of the touched files with an inner join (a right outer join without deletion vectors)
@@ -41,9 +41,19 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc_assets.apply.planner import ACTION, COMMIT_TIME, COPIES, DELETE, FILL_KEY, LSN, UNRESOLVED, UPSERT, ChangePlan
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget, backquote, sql_string
+from cdc_assets.changelog.planner import (
+    ACTION,
+    COMMIT_TIME,
+    COPIES,
+    DELETE,
+    FILL_KEY,
+    LSN,
+    UNRESOLVED,
+    UPSERT,
+    ChangePlan,
+)
 from cdc_assets.errors import CdcError
 
 MATCH = "_cdc_match"

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.merge import write_plan
-from cdc_assets.apply.planner import RecordChunk, fill_from_history, plan_changes
 from cdc_assets.apply.session import is_connect, table_session
 from cdc_assets.apply.target import DeltaTarget, app_id
+from cdc_assets.changelog.planner import RecordChunk, fill_from_history, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.config import Config, TableConfig, TableName
+from cdc_assets.changelog.store import changelog_store
+from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
+from cdc_assets.names import TableName
 
 
 @dataclass(slots=True)
@@ -72,7 +74,7 @@ def apply_tables(
     up to ``spark.parallel_merges`` at once; ``progress`` gets each table's result as it is done,
     the return value has them in the tables' order. A table that fails does not stop the others;
     the first failure is raised once they are done."""
-    reader = ChangeLogReader(config.changelog_store())
+    reader = ChangeLogReader(changelog_store(config))
     checkpoint = reader.require_checkpoint()
     selected = [config.table(t) for t in tables] if tables else list(config.tables)
     workers = min(config.spark.parallel_merges, len(selected))
@@ -157,7 +159,7 @@ def rebuild_table(
     and every change since, up to the checkpoint, in one commit (time travel keeps the old
     versions)."""
     started = time.monotonic()
-    reader = reader or ChangeLogReader(config.changelog_store())
+    reader = reader or ChangeLogReader(changelog_store(config))
     checkpoint = reader.checkpoint()
     name = str(table.name)
     state = checkpoint.tables.get(name) if checkpoint else None

@@ -29,8 +29,8 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from cdc_assets.apply.planner import COMMIT_TIME, LSN
 from cdc_assets.apply.spark_types import spark_type
+from cdc_assets.changelog.planner import COMMIT_TIME, LSN
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import StorageError
 from cdc_assets.storage import describe_storage_error

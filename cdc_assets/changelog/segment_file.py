@@ -2,7 +2,7 @@
 size, encoded on a thread of their own, and the file made durable when it is finished.
 
 A drain's :class:`~cdc_assets.changelog.writer.BatchWriter` writes its tables' segments this way,
-and so does each worker of a copy (:mod:`cdc_assets.snapshot_copy`), each writing files of its own.
+and so does each worker of a copy (:mod:`cdc_assets.pipeline.snapshot_copy`), each writing files of its own.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from typing import IO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from cdc_assets.config import Config
 from cdc_assets.errors import StorageError
 from cdc_assets.storage import StorageConfig, describe_storage_error
 
@@ -164,3 +165,8 @@ def _fsync_folder(path: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def changelog_store(config: Config) -> LogStore:
+    """The configured change log's files, with the ``storage`` settings."""
+    return LogStore(config.changelog_path, config.storage)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar, TypeAlias
 
-from cdc_assets.stream.protocol import POSTGRES_EPOCH_US as POSTGRES_EPOCH_US  # the protocol's clocks count from it
+POSTGRES_EPOCH_US = 946_684_800_000_000
+"""2000-01-01 in microseconds since 1970-01-01: PostgreSQL's clocks (pgoutput's and the replication
+protocol's timestamps) count from it."""
 
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

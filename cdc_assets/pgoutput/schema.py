@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cdc_assets.config import TableName
+from cdc_assets.names import TableName
 from cdc_assets.pgoutput.messages import RelationMessage
 
 

@@ -30,8 +30,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import pq
 
-from cdc_assets.config import quote_identifier
 from cdc_assets.errors import DecodeError
+from cdc_assets.names import quote_identifier
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source._copy_rows import RECEIVE_LIMIT, RECEIVE_WAIT, RowSplitter
 from cdc_assets.source.libpq import copy_functions

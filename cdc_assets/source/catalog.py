@@ -7,8 +7,8 @@ from typing import Any
 
 import psycopg
 
-from cdc_assets.config import TableName
 from cdc_assets.errors import PublicationMismatchError, TableMissingError
+from cdc_assets.names import TableName
 from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
 from cdc_assets.pgoutput.types import PgTypeInfo
 from cdc_assets.source.connection import server_major

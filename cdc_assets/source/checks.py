@@ -11,8 +11,9 @@ from typing import Any
 
 import psycopg
 
-from cdc_assets.config import Config, TableName
+from cdc_assets.config import Config
 from cdc_assets.errors import SourceError, SourcePermissionError, TableMissingError
+from cdc_assets.names import TableName
 from cdc_assets.source.connection import one_row
 from cdc_assets.source.publication import publication_exists
 

@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
-from cdc_assets.config import Config, TableName, quote_identifier
+from cdc_assets.config import Config
 from cdc_assets.errors import PublicationMismatchError, SourcePermissionError
+from cdc_assets.names import TableName, quote_identifier
 from cdc_assets.source.connection import one_row
 
 

@@ -21,9 +21,10 @@ import psycopg
 import pyarrow as pa
 from psycopg import errors, sql
 
-from cdc_assets.config import SourceConfig, TableName, quote_identifier
+from cdc_assets.config import SourceConfig
 from cdc_assets.errors import ConfigError, SourceError, SourcePermissionError, TableRewrittenError
 from cdc_assets.lsn import parse_lsn
+from cdc_assets.names import TableName, quote_identifier
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.binary_copy import CopySelect, read_columns
 from cdc_assets.source.catalog import describe_table

@@ -18,9 +18,7 @@ from struct import Struct
 from typing import ClassVar
 
 from cdc_assets.errors import DecodeError
-
-POSTGRES_EPOCH_US = 946_684_800_000_000
-"""2000-01-01 in microseconds since 1970-01-01: the protocol's clocks count from it."""
+from cdc_assets.pgoutput.messages import POSTGRES_EPOCH_US
 
 XLOG_DATA = Struct(">cQQq")
 """``'w'``, the WAL position of the data, the server's end of WAL, its clock; the data follows."""

@@ -32,7 +32,7 @@ import psycopg
 
 from cdc_assets.config import load_config
 from cdc_assets.errors import CdcError
-from cdc_assets.setup import setup
+from cdc_assets.pipeline.setup import setup
 from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
 from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.assets import CHANGELOG_KEY, mirror_key

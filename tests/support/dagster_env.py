@@ -37,7 +37,8 @@ from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.config import Config, TableName, load_config
+from cdc_assets.config import Config, load_config
+from cdc_assets.names import TableName
 from tests.conftest import Database
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
 

@@ -28,10 +28,10 @@ import psycopg
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
-from cdc_assets.apply.planner import COMMIT_TIME, LSN
 from cdc_assets.apply.spark_types import to_delta_arrow
 from cdc_assets.apply.target import delta_table_exists
-from cdc_assets.config import TableName
+from cdc_assets.changelog.planner import COMMIT_TIME, LSN
+from cdc_assets.names import TableName
 from cdc_assets.pgoutput.values import column_converter
 from tests.support.oracle import read_source_text
 

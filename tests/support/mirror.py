@@ -15,13 +15,14 @@ from typing import Any
 
 import yaml
 
-from cdc_assets.apply.planner import COMMIT_TIME, LSN, ChangePlan, RecordChunk, plan_changes
 from cdc_assets.apply.runner import TableApplied, apply_tables, delta_target
 from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn
+from cdc_assets.changelog.planner import COMMIT_TIME, LSN, ChangePlan, RecordChunk, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.config import Config, TableName, load_config
-from cdc_assets.drain import DrainResult, drain
-from cdc_assets.setup import SetupResult, setup
+from cdc_assets.config import Config, load_config
+from cdc_assets.names import TableName
+from cdc_assets.pipeline.drain import DrainResult, drain
+from cdc_assets.pipeline.setup import SetupResult, setup
 from tests.conftest import Database
 from tests.support.delta_read import (
     delta_version,

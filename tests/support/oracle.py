@@ -63,7 +63,7 @@ from psycopg.types.string import ByteaBinaryLoader
 
 from cdc_assets.changelog.checkpoint import TableState
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.config import TableName
+from cdc_assets.names import TableName
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pgoutput.values import column_converter

@@ -19,8 +19,8 @@ from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, load_config
-from cdc_assets.drain import DrainResult, drain
-from cdc_assets.setup import SetupResult, setup
+from cdc_assets.pipeline.drain import DrainResult, drain
+from cdc_assets.pipeline.setup import SetupResult, setup
 from tests.conftest import Database
 from tests.support.oracle import Replica, assert_mirrors
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_assets.apply.planner import RecordChunk
+from cdc_assets.changelog.planner import RecordChunk
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder, record_schema
 from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
 from cdc_assets.transactions import COMMIT_FIELDS

@@ -29,14 +29,15 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc_assets.apply.planner import RecordChunk, latest_images
 from cdc_assets.apply.runner import apply_table, delta_target
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
+from cdc_assets.changelog.planner import RecordChunk, latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, TableConfig
-from cdc_assets.drain import drain
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.pipeline.drain import drain
 from cdc_assets.source import SnapshotReader, copy_again_when_rewritten, create_slot_with_snapshot, load_type_catalog
 from cdc_assets.transactions import CommitInfo, with_commit_columns
 
@@ -67,7 +68,7 @@ def check_parity(config: Config, table: TableConfig, spark: SparkSession) -> Par
     """Compare ``table``'s Delta table with its source at one point (see the module docstring)."""
     snapshot_lsn, names, source = copy_again_when_rewritten(lambda: _source_digest(config, table, spark), lambda: None)
     drain(config, wait=True, upto_lsn=snapshot_lsn)
-    reader = ChangeLogReader(config.changelog_store())
+    reader = ChangeLogReader(changelog_store(config))
     checkpoint = reader.checkpoint()
     assert checkpoint is not None  # drain refuses a log that was never set up
     apply_table(config, table, spark, reader, checkpoint.lsn)

@@ -36,12 +36,13 @@ from cdc_assets.changelog.snapshot_runs import (
     run_store,
     runs_folder,
 )
-from cdc_assets.changelog.store import LogStore
-from cdc_assets.config import Config, TableConfig, TableName
+from cdc_assets.changelog.store import LogStore, changelog_store
+from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn, parse_lsn
-from cdc_assets.snapshot_copy import CopiedSnapshot, copy_snapshot
+from cdc_assets.names import TableName
+from cdc_assets.pipeline.snapshot_copy import CopiedSnapshot, copy_snapshot
 from cdc_assets.source import (
     TableCopyLock,
     connect,
@@ -112,7 +113,7 @@ def snapshot_tables(
 ) -> list[TableCopied]:
     """Copy each of ``tables`` (configured, published) online, one after another."""
     selected = [config.table(t) for t in tables]
-    store = config.changelog_store()
+    store = changelog_store(config)
     require_checkpoint(store)
     with connect(config.source, purpose="snapshot") as conn:
         published = published_tables(conn, config.source.publication)

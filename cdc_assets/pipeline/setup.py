@@ -8,7 +8,7 @@ point) and the first checkpoint.
 
 On a log already set up, setup brings the publication in line with the config — configured
 tables it lacks are added (when the source role owns it), and with ``prune`` tables no longer
-configured are dropped — and copies online (:mod:`cdc_assets.online_snapshot`) every configured
+configured are dropped — and copies online (:mod:`cdc_assets.pipeline.online_snapshot`) every configured
 table the log holds no copy of; the slot is never dropped and no other table is copied again.
 
 Setup is safe to rerun and to kill: ``_setup.json`` marks a setup in progress, so a slot left by a
@@ -28,12 +28,12 @@ import psycopg
 
 from cdc_assets.changelog.checkpoint import read_checkpoint, write_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.changelog.store import LogStore
+from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotMissingError
 from cdc_assets.lsn import format_lsn
-from cdc_assets.online_snapshot import CopyProgress, TableCopied, copy_table, tables_without_copy
-from cdc_assets.snapshot_copy import CopiedSnapshot, copy_snapshot
+from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, copy_table, tables_without_copy
+from cdc_assets.pipeline.snapshot_copy import CopiedSnapshot, copy_snapshot
 from cdc_assets.source import (
     DrainLock,
     check_source,
@@ -80,7 +80,7 @@ def setup(
     ``copy_progress`` while tables are copied online.
     """
     source = config.source
-    store = config.changelog_store()
+    store = changelog_store(config)
     result = SetupResult()
     started = time.monotonic()
     with DrainLock(source, wait=False), connect(source, purpose="setup") as conn:

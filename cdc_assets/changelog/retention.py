@@ -8,7 +8,7 @@ point of the copy it will start from. Whole batches of its segments, in log orde
 while each holds only changes at or below that LSN and committed before the retention's cutoff;
 the first batch that is younger stops it, and the first that is old but still needed *holds* the
 rest (:func:`table_hold`, for ``status``). When the table's latest copy does not already hold the
-folded changes, they are first folded into a new compacted base (:mod:`cdc_assets.compacted_base`)
+folded changes, they are first folded into a new compacted base (:mod:`cdc_assets.changelog.compacted_base`)
 — a rewrite of the whole table, so only once they are worth it (:func:`_worth_a_base`); until then
 they stay, readable as before, and are not reported as held.
 
@@ -21,17 +21,16 @@ changes at or below the base) and the next retention deletes. Run only under the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, write_checkpoint
+from cdc_assets.changelog.compacted_base import write_base
 from cdc_assets.changelog.layout import CHECKPOINT, COPY_BATCH, MESSAGES, TRANSACTIONS, SegmentName, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader, Segment
 from cdc_assets.changelog.segment_stats import SegmentStats, segment_stats
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef, is_base, run_consistent_point, run_store, runs_folder
 from cdc_assets.changelog.store import LogStore
-from cdc_assets.compacted_base import write_base
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.faults import fault_point
@@ -101,9 +100,13 @@ def needed_after(state: TableState, applied: int | None, checkpoint_lsn: int) ->
     return checkpoint_lsn if applied >= state.last_change_lsn else applied
 
 
-def retain(config: Config, reader: ChangeLogReader, checkpoint: Checkpoint) -> RetentionResult:
+def retain(
+    config: Config, reader: ChangeLogReader, checkpoint: Checkpoint, applied: Mapping[str, int | None]
+) -> RetentionResult:
     """Fold and delete what retention allows, for every configured table, then the transactions and
-    messages no table needs. Call only while holding the drain lock."""
+    messages no table needs; ``applied``: each table's applied LSN (None: not created), read before
+    the call (a position read earlier is never past the one its table holds at the fold). Call
+    only while holding the drain lock."""
     cutoff = _cutoff(config)
     result = RetentionResult()
     needs = []
@@ -111,7 +114,7 @@ def retain(config: Config, reader: ChangeLogReader, checkpoint: Checkpoint) -> R
         state = checkpoint.tables.get(str(table.name))
         if state is None:
             continue
-        needed = needed_after(state, table_applied_lsn(config, table), checkpoint.lsn)
+        needed = needed_after(state, applied.get(str(table.name)), checkpoint.lsn)
         needs.append(needed)
         try:
             outcome, checkpoint = _fold_table(config, reader, checkpoint, table, needed, cutoff)

@@ -1,7 +1,7 @@
 """A compacted base: a table's whole contents as of an LSN, written from the change log itself.
 
-Retention (:mod:`cdc_assets.retention`) folds a table's old changes into one: the table's records
-from its latest copy up to ``lsn`` are planned (:func:`~cdc_assets.apply.planner.plan_changes`,
+Retention (:mod:`cdc_assets.changelog.retention`) folds a table's old changes into one: the table's records
+from its latest copy up to ``lsn`` are planned (:func:`~cdc_assets.changelog.planner.plan_changes`,
 which starts from the copy's ``snapshot`` records) and the plan's image of the table — the upserted
 rows of a keyed table, each row's copies of a REPLICA IDENTITY FULL table, the appended rows of a
 table without a key — is written as ``snapshot`` records at ``lsn``, in the layout of an online
@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_assets.apply.planner import ACTION, COPIES, UNRESOLVED, UPSERT, ChangePlan, RecordChunk, plan_changes
 from cdc_assets.changelog.checkpoint import Checkpoint, write_checkpoint
 from cdc_assets.changelog.layout import COPY_BATCH
+from cdc_assets.changelog.planner import ACTION, COPIES, UNRESOLVED, UPSERT, ChangePlan, RecordChunk, plan_changes
 from cdc_assets.changelog.reader import ChangeChunk
 from cdc_assets.changelog.snapshot_runs import new_base_id, run_store
 from cdc_assets.changelog.store import LogStore

@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from cdc_assets.apply.planner import RecordChunk, latest_images
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.apply.target import delta_table_exists
 from cdc_assets.changelog.checkpoint import TableState
+from cdc_assets.changelog.planner import RecordChunk, latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.messages import UNIX_EPOCH, unix_time

@@ -5,7 +5,7 @@ check the slot against the checkpoint (refuse a slot that is ahead); delete what
 left; start the slot's replication stream at the checkpoint; then assemble what it sends and, batch
 by batch, write the batch's files durably, replace the checkpoint and confirm the new position to
 the server — until the WAL position the drain started at is reached, or, when following, until the
-follow time is up; last, still under the lock, change-log retention (:mod:`cdc_assets.retention`).
+follow time is up; last, still under the lock, change-log retention (:mod:`cdc_assets.changelog.retention`).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from typing import Any
 
 import psycopg
 
+from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import (
     Checkpoint,
     require_checkpoint,
     write_checkpoint,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.changelog.store import LogStore
+from cdc_assets.changelog.retention import RetentionResult, retain
+from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotGapError
@@ -44,7 +46,6 @@ from cdc_assets.pgoutput.messages import (
 )
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
-from cdc_assets.retention import RetentionResult, retain
 from cdc_assets.source import (
     DrainLock,
     SlotState,
@@ -137,7 +138,7 @@ def drain(
     ``wait``: wait for another drain of the slot instead of failing; ``on_batch`` is called after
     each durable batch."""
     source = config.source
-    store = config.changelog_store()
+    store = changelog_store(config)
     started = time.monotonic()
     follow = config.drain.follow_seconds if follow_seconds is None else follow_seconds
     STREAM_CHILDREN.prestart()
@@ -186,7 +187,8 @@ def drain(
         result = run.result
         result.slot = read_slot(conn, source.slot)
         result.held = read_held_wal(conn, source.slot)
-        result.retention = retain(config, ChangeLogReader(store), run.checkpoint)
+        applied = {str(t.name): table_applied_lsn(config, t) for t in config.tables}
+        result.retention = retain(config, ChangeLogReader(store), run.checkpoint, applied)
     result.elapsed_s = time.monotonic() - started
     return result
 

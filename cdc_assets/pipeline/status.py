@@ -8,12 +8,13 @@ from typing import Any
 
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.retention import Hold, table_hold
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import SourceError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import unix_time
-from cdc_assets.retention import Hold, table_hold
 from cdc_assets.source import (
     HELD_WAL_WARN_BYTES,
     HeldWal,
@@ -154,7 +155,7 @@ class Status:
 
 
 def read_status(config: Config) -> Status:
-    reader = ChangeLogReader(config.changelog_store())
+    reader = ChangeLogReader(changelog_store(config))
     checkpoint = reader.checkpoint()
     status = Status(
         slot_name=config.source.slot,

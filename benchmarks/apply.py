@@ -68,9 +68,10 @@ from cdc_assets.apply.merge import MergeCounts, write_plan
 from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.apply.spark_types import delta_arrow_type, to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget, app_id, delta_schema
-from cdc_assets.changelog.planner import RecordChunk, plan_changes
+from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
+from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn, RecordColumn
 from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
 from cdc_assets.transactions import CommitInfo, with_commit_columns
 
@@ -150,9 +151,9 @@ def change_records(
             pa.array(np.arange(n, dtype=np.int64) % tx_size),
             pa.array(ops, pa.string()),
             pa.array(np.where(is_delete, "K", None), pa.string()),
-            pa.nulls(n, schema.field("_cdc_unchanged").type),
-            pa.nulls(n, schema.field("_cdc_special").type),
-            pa.nulls(n, schema.field("_cdc_truncate").type),
+            pa.nulls(n, schema.field(RecordColumn.UNCHANGED).type),
+            pa.nulls(n, schema.field(RecordColumn.SPECIAL).type),
+            pa.nulls(n, schema.field(RecordColumn.TRUNCATE).type),
             new,
             old,
         ],
@@ -230,8 +231,8 @@ def build_base(
         ((F.col("id") % 100_000) / 100).cast("decimal(12,2)").alias("amount"),
         (F.col("id") % 3 == 0).alias("ok"),
         (F.col("id") / 7.0).alias("score"),
-        F.lit(BASE_LSN).cast("bigint").alias("_cdc_lsn"),
-        F.lit("2026-01-01 00:00:00").cast("timestamp").alias("_cdc_commit_time"),
+        F.lit(BASE_LSN).cast("bigint").alias(DeltaColumn.LSN),
+        F.lit("2026-01-01 00:00:00").cast("timestamp").alias(RecordColumn.COMMIT_TIME),
     )
     rows.select([F.col(f.name).cast(f.dataType) for f in schema.fields]).write.format("delta").mode("append").save(
         str(path)
@@ -267,11 +268,11 @@ def rust_merge(path: str, plan: Any) -> MergeCounts:
     from deltalake import DeltaTable as RustDeltaTable
 
     rows = to_delta_arrow(plan.rows)
-    columns = [f.name for f in table_columns()] + ["_cdc_lsn", "_cdc_commit_time"]
+    columns = [f.name for f in table_columns()] + [DeltaColumn.LSN, RecordColumn.COMMIT_TIME]
     values = {c: f"s.{c}" for c in columns}
     metrics = (
         RustDeltaTable(path)
-        .merge(rows.select([*columns, "_cdc_action"]), "t.id = s.id", source_alias="s", target_alias="t")
+        .merge(rows.select([*columns, DeltaColumn.ACTION]), "t.id = s.id", source_alias="s", target_alias="t")
         .when_matched_delete("s._cdc_action = 'delete'")
         .when_matched_update(values)
         .when_not_matched_insert(values, "s._cdc_action = 'upsert'")
@@ -295,7 +296,7 @@ def run_one(spark: Any, kind: str, base: Path, trial: Path, changes: dict[str, A
         target = DeltaTarget(spark, str(trial), app_id(SLOT, TABLE))
         gc.collect()
         started = time.perf_counter()
-        plan = plan_changes([RecordChunk(rel, records)], rel)
+        plan = plan_changes([ChangeChunk(rel, records)], rel)
         planned = time.perf_counter()
         counts = rust_merge(str(trial), plan) if kind == "delta-rs" else write_plan(target, plan, lsn)
         done = time.perf_counter()

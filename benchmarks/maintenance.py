@@ -46,8 +46,9 @@ from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import DeltaTarget, app_id
-from cdc_assets.changelog.planner import RecordChunk, plan_changes
+from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import MaintenanceConfig, SparkConfig
+from cdc_assets.pgoutput.records import ChangeChunk
 
 STRATEGIES = ("none", "optimize", "zorder", "auto", "liquid")
 SCHEDULED = MaintenanceConfig(vacuum_retention_hours=0)
@@ -82,7 +83,7 @@ class Run:
         ops, keys = cycle_changes(self.live, self.next_key, args.changes, self.rng)
         records, lsn = change_records(KEYED, ops, keys, 100, FIRST_COMMIT + number * 0x1000_0000)
         started = time.perf_counter()
-        write_plan(self.target, plan_changes([RecordChunk(KEYED, records)], KEYED), lsn)
+        write_plan(self.target, plan_changes([ChangeChunk(KEYED, records)], KEYED), lsn)
         self.merges.append(time.perf_counter() - started)
         self.live = np.concatenate([np.setdiff1d(self.live, keys[ops == "delete"]), keys[ops == "insert"]])
         self.next_key += int((ops == "insert").sum())

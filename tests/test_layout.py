@@ -182,3 +182,22 @@ def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
         if node not in index:
             visit(node)
     return components
+
+
+def test_the_change_record_format_is_spelled_in_one_module() -> None:
+    """Column names (``_cdc_*``) and operation values are written as literals only in
+    ``cdc_assets/pgoutput/records.py``; every other module names them through it."""
+    import io
+    import re
+    import tokenize
+
+    format_module = ROOT / "cdc_assets" / "pgoutput" / "records.py"
+    literal = re.compile(r"""^[rb]?(["'])(_cdc_[a-z_]+|insert|update|delete|upsert)\1$""")
+    found = []
+    for path in sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
+        if path == format_module:
+            continue
+        for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            if token.type == tokenize.STRING and literal.match(token.string):
+                found.append(f"{path.relative_to(ROOT)}:{token.start[0]}: {token.string}")
+    assert not found, "spell these through cdc_assets/pgoutput/records.py:\n" + "\n".join(found)

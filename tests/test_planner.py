@@ -11,20 +11,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_assets.changelog.planner import (
-    ACTION,
-    COMMIT_TIME,
-    COPIES,
-    FILL_KEY,
-    LSN,
-    UNRESOLVED,
-    ChangePlan,
-    PlanError,
-    RecordChunk,
-    fill_from_history,
-    plan_changes,
-)
+from cdc_assets.changelog.planner import ChangePlan, PlanError, fill_from_history, plan_changes
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
+from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn, RecordColumn
 from cdc_assets.transactions import COMMIT_FIELDS
 from tests.support.records import (
     INT4,
@@ -49,18 +38,31 @@ def plan_of(log: ChangeLog, **kwargs: Any) -> ChangePlan:
 def keyed_rows(plan: ChangePlan) -> list[dict[str, Any]]:
     """The plan's rows without the commit time, sorted by action then key."""
     assert plan.mode == "keyed"
-    rows = [{k: v for k, v in r.items() if k != COMMIT_TIME} for r in plan.rows.to_pylist()]
-    return sorted(rows, key=lambda r: (r[ACTION], [r[k] for k in plan.key]))
+    rows = [{k: v for k, v in r.items() if k != DeltaColumn.COMMIT_TIME} for r in plan.rows.to_pylist()]
+    return sorted(rows, key=lambda r: (r[DeltaColumn.ACTION], [r[k] for k in plan.key]))
 
 
 def upsert(
     image: dict[str, Any], lsn: int, unresolved: list[str] | None = None, fill: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    return {**image, LSN: lsn, ACTION: "upsert", UNRESOLVED: unresolved, FILL_KEY: fill}
+    return {
+        **image,
+        DeltaColumn.LSN: lsn,
+        DeltaColumn.ACTION: "upsert",
+        DeltaColumn.UNRESOLVED: unresolved,
+        DeltaColumn.FILL_KEY: fill,
+    }
 
 
 def delete(key: dict[str, Any], columns: list[str], lsn: int) -> dict[str, Any]:
-    return {**dict.fromkeys(columns), **key, LSN: lsn, ACTION: "delete", UNRESOLVED: None, FILL_KEY: None}
+    return {
+        **dict.fromkeys(columns),
+        **key,
+        DeltaColumn.LSN: lsn,
+        DeltaColumn.ACTION: "delete",
+        DeltaColumn.UNRESOLVED: None,
+        DeltaColumn.FILL_KEY: None,
+    }
 
 
 def gone(key: int, lsn: int) -> dict[str, Any]:
@@ -81,9 +83,9 @@ def test_hand_built_records_have_the_change_log_schema() -> None:
     table = log.table()
     assert table.schema.equals(pa.schema([*COMMIT_FIELDS, *ChangeRecordBuilder(TOASTY).schema]))
     assert table.schema.equals(schema_of(TOASTY))
-    assert table.column("_cdc_op").to_pylist() == ["insert", "update", "delete", "truncate"]
-    assert table.column("_cdc_old_kind").to_pylist() == [None, "K", "K", None]
-    assert table.column("_cdc_unchanged").to_pylist() == [None, ["big"], None, None]
+    assert table.column(RecordColumn.OP).to_pylist() == ["insert", "update", "delete", "truncate"]
+    assert table.column(RecordColumn.OLD_KIND).to_pylist() == [None, "K", "K", None]
+    assert table.column(RecordColumn.UNCHANGED).to_pylist() == [None, ["big"], None, None]
     assert table.column("old").to_pylist()[1] == {"id": 1, "v": None, "big": None}
     assert table.column("new").to_pylist()[1] == {"id": 2, "v": "b", "big": None}
     assert log.end_lsns == sorted(set(log.end_lsns))
@@ -109,7 +111,7 @@ def test_last_image_wins_per_key() -> None:
     ]
     assert plan.counts == {"upserts": 2, "deletes": 0}
     assert not plan.has_unresolved
-    times = dict(zip(plan.rows.column("id").to_pylist(), plan.rows.column(COMMIT_TIME).to_pylist()))
+    times = dict(zip(plan.rows.column("id").to_pylist(), plan.rows.column(DeltaColumn.COMMIT_TIME).to_pylist()))
     assert times == {1: T0.replace(second=2), 2: T0.replace(second=3)}  # each row's last commit
 
 
@@ -143,7 +145,15 @@ def test_composite_key_using_index() -> None:
     plan = plan_of(log)
     assert plan.key == ("a", "b")
     assert keyed_rows(plan) == [
-        {"a": 1, "b": "x", "v": None, LSN: lsn_x, ACTION: "delete", UNRESOLVED: None, FILL_KEY: None},
+        {
+            "a": 1,
+            "b": "x",
+            "v": None,
+            DeltaColumn.LSN: lsn_x,
+            DeltaColumn.ACTION: "delete",
+            DeltaColumn.UNRESOLVED: None,
+            DeltaColumn.FILL_KEY: None,
+        },
         upsert({"a": 1, "b": "y", "v": 3}, lsn_y),
         upsert({"a": 2, "b": "x", "v": 4}, lsn_x),
     ]
@@ -417,7 +427,7 @@ FULL = relation("bag", ("a", INT4), ("b", TEXT), ("big", TEXT), identity="f")
 
 def multiset_rows(plan: ChangePlan) -> list[dict[str, Any]]:
     assert plan.mode == "multiset"
-    rows = [{k: v for k, v in r.items() if k != COMMIT_TIME} for r in plan.rows.to_pylist()]
+    rows = [{k: v for k, v in r.items() if k != DeltaColumn.COMMIT_TIME} for r in plan.rows.to_pylist()]
     return sorted(rows, key=lambda r: (r["a"], r["b"] or ""))
 
 
@@ -429,8 +439,8 @@ def test_full_identity_counts_copies_of_duplicate_rows() -> None:
     plan = plan_of(log)
     assert plan.key == ("a", "b", "big")
     assert multiset_rows(plan) == [
-        {"a": 1, "b": "x", "big": "B", COPIES: 2, LSN: lsn},
-        {"a": 2, "b": "y", "big": "C", COPIES: 1, LSN: lsn2},
+        {"a": 1, "b": "x", "big": "B", DeltaColumn.COPIES: 2, DeltaColumn.LSN: lsn},
+        {"a": 2, "b": "y", "big": "C", DeltaColumn.COPIES: 1, DeltaColumn.LSN: lsn2},
     ]
     assert plan.counts == {"inserts": 3, "deletes": 0}
 
@@ -439,9 +449,9 @@ def test_full_identity_counts_copies_of_duplicate_rows() -> None:
     lsn4 = later.update({"a": 2, "b": "z"}, old={"a": 2, "b": "y", "big": "C"}, unchanged=["big"])
     plan = plan_of(later)
     assert multiset_rows(plan) == [
-        {"a": 1, "b": "x", "big": "B", COPIES: -1, LSN: lsn3},
-        {"a": 2, "b": "y", "big": "C", COPIES: -1, LSN: lsn4},
-        {"a": 2, "b": "z", "big": "C", COPIES: 1, LSN: lsn4},  # 'u' filled from the O old row
+        {"a": 1, "b": "x", "big": "B", DeltaColumn.COPIES: -1, DeltaColumn.LSN: lsn3},
+        {"a": 2, "b": "y", "big": "C", DeltaColumn.COPIES: -1, DeltaColumn.LSN: lsn4},
+        {"a": 2, "b": "z", "big": "C", DeltaColumn.COPIES: 1, DeltaColumn.LSN: lsn4},  # 'u' filled from the O old row
     ]
     assert plan.counts == {"inserts": 1, "deletes": 2}
 
@@ -466,8 +476,8 @@ def test_full_identity_row_gets_the_lsn_of_its_last_change() -> None:
     lsn = log.update({"a": 1, "b": "x", "big": "B"}, old={"a": 5, "b": "q", "big": "B"})
     plan = plan_of(log)
     rows = plan.rows.to_pylist()
-    assert {(r["a"], r[COPIES], r[LSN]) for r in rows} == {(1, 2, lsn), (5, -1, lsn)}
-    assert {r[COMMIT_TIME] for r in rows} == {T0.replace(second=3)}
+    assert {(r["a"], r[DeltaColumn.COPIES], r[DeltaColumn.LSN]) for r in rows} == {(1, 2, lsn), (5, -1, lsn)}
+    assert {r[DeltaColumn.COMMIT_TIME] for r in rows} == {T0.replace(second=3)}
 
 
 def test_full_identity_with_arrays_and_nulls() -> None:
@@ -479,7 +489,7 @@ def test_full_identity_with_arrays_and_nulls() -> None:
     log.delete({"a": 1, "xs": [1, 2]})
     log.delete({"a": None, "xs": None})
     plan = plan_of(log)
-    assert [(r["a"], r["xs"], r[COPIES]) for r in plan.rows.to_pylist()] == [(1, [1, 2], 1)]
+    assert [(r["a"], r["xs"], r[DeltaColumn.COPIES]) for r in plan.rows.to_pylist()] == [(1, [1, 2], 1)]
 
 
 def test_full_identity_truncate_cut() -> None:
@@ -489,7 +499,7 @@ def test_full_identity_truncate_cut() -> None:
     log.insert({"a": 2, "b": "y", "big": "C"})
     plan = plan_of(log)
     assert plan.truncate is True
-    assert [(r["a"], r[COPIES]) for r in plan.rows.to_pylist()] == [(2, 1)]
+    assert [(r["a"], r[DeltaColumn.COPIES]) for r in plan.rows.to_pylist()] == [(2, 1)]
 
 
 # -- tables without a key: append-only ---------------------------------------------------------------
@@ -504,10 +514,10 @@ def test_keyless_table_is_append_only() -> None:
         log.insert({"at": 2, "what": "b"})  # duplicates are kept
     plan = plan_of(log)
     assert (plan.mode, plan.key, plan.truncate) == ("append", (), False)
-    assert [{k: v for k, v in r.items() if k != COMMIT_TIME} for r in plan.rows.to_pylist()] == [
-        {"at": 1, "what": "a", LSN: lsn1},
-        {"at": 2, "what": "b", LSN: lsn2},
-        {"at": 2, "what": "b", LSN: lsn2},
+    assert [{k: v for k, v in r.items() if k != DeltaColumn.COMMIT_TIME} for r in plan.rows.to_pylist()] == [
+        {"at": 1, "what": "a", DeltaColumn.LSN: lsn1},
+        {"at": 2, "what": "b", DeltaColumn.LSN: lsn2},
+        {"at": 2, "what": "b", DeltaColumn.LSN: lsn2},
     ]
     assert plan.counts == {"inserts": 3}
 
@@ -563,7 +573,15 @@ def test_schema_versions_with_key_changes_and_toast_across_them() -> None:
     lsn = new.update({"id": 2**33, "extra": 1}, old={"id": 1}, unchanged=["big"])
     plan = plan_changes([old.chunk(), new.chunk()], v2)
     assert keyed_rows(plan) == [
-        {"id": 1, "big": None, "extra": None, LSN: lsn, ACTION: "delete", UNRESOLVED: None, FILL_KEY: None},
+        {
+            "id": 1,
+            "big": None,
+            "extra": None,
+            DeltaColumn.LSN: lsn,
+            DeltaColumn.ACTION: "delete",
+            DeltaColumn.UNRESOLVED: None,
+            DeltaColumn.FILL_KEY: None,
+        },
         upsert({"id": 2**33, "big": "BIG", "extra": 1}, lsn),
     ]
 
@@ -613,12 +631,12 @@ def test_no_chunks_at_all_is_refused() -> None:
 
 
 def test_chunks_may_hold_any_record_table() -> None:
-    """A RecordChunk is a relation and a table; planning does not depend on chunk boundaries."""
+    """A ChangeChunk is a relation and a table; planning does not depend on chunk boundaries."""
     log = ChangeLog(TOASTY)
     log.insert({"id": 1, "v": "a", "big": "BIG"})
     lsn = log.update({"id": 2, "v": "b"}, old={"id": 1}, unchanged=["big"])
     table = log.table()
-    split = [RecordChunk(TOASTY, table.slice(0, 1)), RecordChunk(TOASTY, table.slice(1))]
+    split = [ChangeChunk(TOASTY, table.slice(0, 1)), ChangeChunk(TOASTY, table.slice(1))]
     assert (
         keyed_rows(plan_changes(split, TOASTY))
         == keyed_rows(plan_of(log))
@@ -644,7 +662,7 @@ def test_unchanged_toast_key_column_comes_from_the_old_key() -> None:
     full = relation("tkf", ("k", TEXT), ("v", INT4), identity="f")
     log = ChangeLog(full)
     log.update({"v": 2}, old={"k": "long key", "v": 1}, unchanged=["k"])
-    assert sorted((r["k"], r["v"], r[COPIES]) for r in plan_of(log).rows.to_pylist()) == [
+    assert sorted((r["k"], r["v"], r[DeltaColumn.COPIES]) for r in plan_of(log).rows.to_pylist()) == [
         ("long key", 1, -1),
         ("long key", 2, 1),
     ]

@@ -17,15 +17,16 @@ from pyspark.sql import SparkSession
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.apply.target import delta_table_exists
 from cdc_assets.changelog.checkpoint import TableState
-from cdc_assets.changelog.planner import RecordChunk, latest_images
+from cdc_assets.changelog.planner import latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.messages import UNIX_EPOCH, unix_time
+from cdc_assets.pgoutput.records import ChangeChunk, Op, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 
 DAY = "commit_day"
-_CHANGE_COLUMNS = ["_cdc_op", "_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_position", "_cdc_xid", "_cdc_commit_time",
-                   "_cdc_old_kind", "_cdc_unchanged"]  # fmt: skip
+_CHANGE_COLUMNS = [RecordColumn.OP, RecordColumn.COMMIT_LSN, RecordColumn.END_LSN, RecordColumn.POSITION, RecordColumn.XID, RecordColumn.COMMIT_TIME,
+                   RecordColumn.OLD_KIND, RecordColumn.UNCHANGED]  # fmt: skip
 
 
 class HistoryGoneError(CdcError):
@@ -48,14 +49,14 @@ def history_rows(reader: ChangeLogReader, table: str, state: TableState, day: da
     since = (start - UNIX_EPOCH) // timedelta(microseconds=1)
     for chunk in reader.read_changes(table, committed_since_us=since):  # the segments of earlier days are skipped
         records = chunk.records
-        when = records.column("_cdc_commit_time")
+        when = records.column(RecordColumn.COMMIT_TIME)
         keep = pc.and_(
             pc.and_(pc.greater_equal(when, pa.scalar(start, when.type)), pc.less(when, pa.scalar(end, when.type))),
-            pc.not_equal(records.column("_cdc_op"), "snapshot"),
+            pc.not_equal(records.column(RecordColumn.OP), Op.SNAPSHOT),
         )
         records = records.filter(keep)
         if records.num_rows:
-            chunks.append(RecordChunk(chunk.relation, records))
+            chunks.append(ChangeChunk(chunk.relation, records))
     if not chunks:
         return pa.table({})
     before = _image(chunks, relation, "old")
@@ -94,7 +95,7 @@ def write_history(
     return int(rows.num_rows)
 
 
-def _image(chunks: list[RecordChunk], relation: RelationSchema, image: str) -> pa.StructArray:
+def _image(chunks: list[ChangeChunk], relation: RelationSchema, image: str) -> pa.StructArray:
     """The ``image`` struct of every record, in the latest columns, null where the record has none."""
     flat = latest_images(chunks, relation, image)
     absent = pa.concat_arrays([c.records.column(image).combine_chunks().is_null() for c in chunks])

@@ -43,21 +43,10 @@ from pyspark.sql import functions as F
 
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget, backquote, sql_string
-from cdc_assets.changelog.planner import (
-    ACTION,
-    COMMIT_TIME,
-    COPIES,
-    DELETE,
-    FILL_KEY,
-    LSN,
-    UNRESOLVED,
-    UPSERT,
-    ChangePlan,
-)
+from cdc_assets.changelog.planner import ChangePlan
 from cdc_assets.errors import CdcError
+from cdc_assets.pgoutput.records import DeltaColumn, Op, PlanAction
 
-MATCH = "_cdc_match"
-KIND = "_cdc_kind"
 BROADCAST_SOURCE_BYTES = 32 << 20
 """A keyed MERGE whose change rows take at most this much Arrow memory broadcasts them to the
 tasks scanning the table when Delta looks for the files to touch, instead of shuffling the whole
@@ -101,7 +90,7 @@ def write_plan(
     spark = target.spark
     columns = _columns_schema(plan)
     source = _source_frame(spark, plan)
-    table_columns = [f.name for f in columns] + [LSN, COMMIT_TIME]
+    table_columns = [f.name for f in columns] + [DeltaColumn.LSN, DeltaColumn.COMMIT_TIME]
     existed = target.exists()
     if existed:
         change = target.schema_change(columns)
@@ -116,7 +105,7 @@ def write_plan(
             )
         source = _fill_unresolved(source, target.read(), plan, [f.name for f in columns])
     if row_filter:
-        source = source.withColumn(MATCH, F.coalesce(F.expr(row_filter), F.lit(False)))
+        source = source.withColumn(DeltaColumn.MATCH, F.coalesce(F.expr(row_filter), F.lit(False)))
     filtered = row_filter is not None
     names = ", ".join(_q(c) for c in table_columns)
     if plan.truncate:
@@ -155,12 +144,14 @@ def _rows_to_add(plan: ChangePlan, source: DataFrame, filtered: bool) -> DataFra
     """The rows the plan adds: keyed, its upserts; multiset, each row as many times as its copies
     are added; append, every row — only those matching the row filter."""
     if plan.mode == "keyed":
-        rows = source.filter(F.col(ACTION) == UPSERT)
+        rows = source.filter(F.col(DeltaColumn.ACTION) == PlanAction.UPSERT)
     elif plan.mode == "multiset":
-        rows = source.filter(F.col(COPIES) > 0).withColumn("_cdc_copy", F.explode(F.sequence(F.lit(1), F.col(COPIES))))
+        rows = source.filter(F.col(DeltaColumn.COPIES) > 0).withColumn(
+            DeltaColumn.COPY, F.explode(F.sequence(F.lit(1), F.col(DeltaColumn.COPIES)))
+        )
     else:
         rows = source
-    return rows.filter(F.col(MATCH)) if filtered else rows
+    return rows.filter(F.col(DeltaColumn.MATCH)) if filtered else rows
 
 
 def _write_rows(
@@ -199,12 +190,12 @@ _q = backquote
 def _fill_unresolved(source: DataFrame, table: DataFrame, plan: ChangePlan, names: list[str]) -> DataFrame:
     """Unchanged TOAST columns from the Delta row under each upsert's fill key."""
     s, t = source.alias("s"), table.alias("t")
-    condition: Column = F.col(f"s.{FILL_KEY}").isNotNull()
+    condition: Column = F.col(f"s.{DeltaColumn.FILL_KEY}").isNotNull()
     for key in plan.key:
-        condition = condition & F.col(f"s.{FILL_KEY}.{_q(key)}").eqNullSafe(F.col(f"t.{_q(key)}"))
+        condition = condition & F.col(f"s.{DeltaColumn.FILL_KEY}.{_q(key)}").eqNullSafe(F.col(f"t.{_q(key)}"))
     joined = s.join(t, condition, "left")
     filled = [
-        F.when(F.array_contains(F.col(f"s.{UNRESOLVED}"), name), F.col(f"t.{_q(name)}"))
+        F.when(F.array_contains(F.col(f"s.{DeltaColumn.UNRESOLVED}"), name), F.col(f"t.{_q(name)}"))
         .otherwise(F.col(f"s.{_q(name)}"))
         .alias(name)
         for name in names
@@ -219,8 +210,8 @@ def _merge_keyed(
     if plan.rows.nbytes <= BROADCAST_SOURCE_BYTES:
         source = F.broadcast(source)
     update, names, values = _values(columns)
-    delete = f"s.{ACTION} = '{DELETE}'" + (f" OR NOT s.{MATCH}" if filtered else "")
-    insert = f"s.{ACTION} = '{UPSERT}'" + (f" AND s.{MATCH}" if filtered else "")
+    delete = f"s.{DeltaColumn.ACTION} = '{PlanAction.DELETE}'" + (f" OR NOT s.{DeltaColumn.MATCH}" if filtered else "")
+    insert = f"s.{DeltaColumn.ACTION} = '{PlanAction.UPSERT}'" + (f" AND s.{DeltaColumn.MATCH}" if filtered else "")
     # Every upsert updates a row the table holds: no insert clause (Delta's matched-only MERGE).
     # Not with a row filter: an UPDATE moving a row into the filter inserts it (PostgreSQL's
     # UPDATE transformation).
@@ -289,7 +280,7 @@ def _merge_multiset(
     if filtered:
         # The row is its own key: one that does not match the filter was never in the table
         # (and never will be), so its copies are neither counted nor written.
-        source = source.filter(F.col(MATCH))
+        source = source.filter(F.col(DeltaColumn.MATCH))
     table = target.read()
     existing = (
         table.alias("t")
@@ -300,32 +291,32 @@ def _merge_multiset(
     final = source.alias("s").join(existing.alias("e"), F.expr(_null_safe("s", "e", names)), "left")
     final = final.select(
         *[F.col(f"s.{_q(c)}").alias(c) for c in source.columns],
-        (F.coalesce(F.col("e.count"), F.lit(0)) + F.col(f"s.{COPIES}")).alias("_cdc_final"),
+        (F.coalesce(F.col("e.count"), F.lit(0)) + F.col(f"s.{DeltaColumn.COPIES}")).alias(DeltaColumn.FINAL),
     )
-    if final.filter(F.col("_cdc_final") < 0).limit(1).count():
+    if final.filter(F.col(DeltaColumn.FINAL) < 0).limit(1).count():
         raise ApplyError(
             f"{plan.relation.qualified_name}: the change log deletes more copies of a row than the Delta table holds;"
             " the table is out of step with the log (rebuild it)"
         )
-    keep = F.col("_cdc_final") > 0
+    keep = F.col(DeltaColumn.FINAL) > 0
     deletes = final.select(*names, *[F.lit(None).alias(c) for c in columns if c not in names]).withColumn(
-        KIND, F.lit("delete")
+        DeltaColumn.KIND, F.lit(Op.DELETE)
     )
     inserts = (
         final.filter(keep)
-        .withColumn("_cdc_copy", F.explode(F.sequence(F.lit(1), F.col("_cdc_final"))))
+        .withColumn(DeltaColumn.COPY, F.explode(F.sequence(F.lit(1), F.col(DeltaColumn.FINAL))))
         .select(*columns)
-        .withColumn(KIND, F.lit("insert"))
+        .withColumn(DeltaColumn.KIND, F.lit(Op.INSERT))
     )
-    merge_source = deletes.select(*columns, KIND).unionByName(inserts.select(*columns, KIND))
+    merge_source = deletes.select(*columns, DeltaColumn.KIND).unionByName(inserts.select(*columns, DeltaColumn.KIND))
     _, inserted, values = _values(columns)
 
     def merge(view: str) -> str:
         return (
             f"MERGE INTO {target.sql_name} AS t USING {_q(view)} AS s"
-            f" ON ({_null_safe('t', 's', names)}) AND s.{KIND} = 'delete'"
+            f" ON ({_null_safe('t', 's', names)}) AND s.{DeltaColumn.KIND} = '{Op.DELETE}'"
             f" WHEN MATCHED THEN DELETE"
-            f" WHEN NOT MATCHED AND s.{KIND} = 'insert' THEN INSERT ({inserted}) VALUES ({values})"
+            f" WHEN NOT MATCHED AND s.{DeltaColumn.KIND} = '{Op.INSERT}' THEN INSERT ({inserted}) VALUES ({values})"
         )
 
     return _counts(target.commit(merge, merge_source, lsn), "MERGE")

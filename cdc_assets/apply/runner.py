@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.session import is_connect, table_session
 from cdc_assets.apply.target import DeltaTarget, app_id
-from cdc_assets.changelog.planner import RecordChunk, fill_from_history, plan_changes
+from cdc_assets.changelog.planner import fill_from_history, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, TableConfig
@@ -130,17 +130,13 @@ def apply_table(
     after = -1 if applied is None else applied
     copied = applied is None or reader.due_snapshot_run(state, after, lsn) is not None
     nothing_new = not copied and state.last_change_lsn <= after  # then no segment is opened
-    chunks = (
-        []
-        if nothing_new
-        else [RecordChunk(c.relation, c.records, c.copy) for c in reader.read_table(name, state, after, lsn)]
-    )
+    chunks = [] if nothing_new else list(reader.read_table(name, state, after, lsn))
     if not chunks or (not copied and sum(c.records.num_rows for c in chunks) == 0):
         result.skipped = "no changes"
         return result
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)
     if table.row_filter and plan.has_unresolved:  # rows moving into the filter are not in Delta to fill from
-        history = [RecordChunk(c.relation, c.records, c.copy) for c in reader.read_table(name, state, upto=lsn)]
+        history = list(reader.read_table(name, state, upto=lsn))
         plan = fill_from_history(plan, plan_changes(history, state.relation, truncate=table.truncate))
     counts = write_plan(target, plan, lsn, row_filter=table.row_filter)
     result.records = plan.records
@@ -166,7 +162,7 @@ def rebuild_table(
     if checkpoint is None or state is None:
         raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog_path} holds nothing for it")
     target = delta_target(config, table, spark)
-    chunks = [RecordChunk(c.relation, c.records, c.copy) for c in reader.read_table(name, state, upto=checkpoint.lsn)]
+    chunks = list(reader.read_table(name, state, upto=checkpoint.lsn))
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")

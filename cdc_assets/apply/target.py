@@ -30,9 +30,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from cdc_assets.apply.spark_types import spark_type
-from cdc_assets.changelog.planner import COMMIT_TIME, LSN
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import StorageError
+from cdc_assets.pgoutput.records import DeltaColumn
 from cdc_assets.storage import describe_storage_error
 
 DEFAULT_TABLE_PROPERTIES = {
@@ -42,7 +42,7 @@ DEFAULT_TABLE_PROPERTIES = {
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-METADATA_COLUMNS = (LSN, COMMIT_TIME)
+METADATA_COLUMNS = (DeltaColumn.LSN, DeltaColumn.COMMIT_TIME)
 
 
 def app_id(slot: str, table: str) -> str:
@@ -224,7 +224,10 @@ class DeltaTarget:
 def delta_schema(columns: pa.Schema) -> T.StructType:
     """The Spark schema of a mirrored table: its columns, then the metadata columns."""
     fields = [T.StructField(f.name, spark_type(f.type), True) for f in columns]
-    fields += [T.StructField(LSN, T.LongType(), True), T.StructField(COMMIT_TIME, T.TimestampType(), True)]
+    fields += [
+        T.StructField(DeltaColumn.LSN, T.LongType(), True),
+        T.StructField(DeltaColumn.COMMIT_TIME, T.TimestampType(), True),
+    ]
     return T.StructType(fields)
 
 

@@ -6,7 +6,7 @@ which starts from the copy's ``snapshot`` records) and the plan's image of the t
 rows of a keyed table, each row's copies of a REPLICA IDENTITY FULL table, the appended rows of a
 table without a key — is written as ``snapshot`` records at ``lsn``, in the layout of an online
 snapshot run (``docs/architecture.md``, "Change-log retention"). Values the Arrow type cannot hold
-(``_cdc_special``) are not carried: the plan holds typed values only, as Delta does.
+(``RecordColumn.SPECIAL``) are not carried: the plan holds typed values only, as Delta does.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import pyarrow.compute as pc
 
 from cdc_assets.changelog.checkpoint import Checkpoint, write_checkpoint
 from cdc_assets.changelog.layout import COPY_BATCH
-from cdc_assets.changelog.planner import ACTION, COPIES, UNRESOLVED, UPSERT, ChangePlan, RecordChunk, plan_changes
-from cdc_assets.changelog.reader import ChangeChunk
+from cdc_assets.changelog.planner import ChangePlan, plan_changes
 from cdc_assets.changelog.snapshot_runs import new_base_id, run_store
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.arrow import SPECIAL_TYPE, TRUNCATE_TYPE, record_schema
+from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn, Op, PlanAction
 from cdc_assets.transactions.commit_table import COMMIT_FIELDS
 
 
@@ -42,7 +42,7 @@ def write_base(
     """Write ``table`` as of ``lsn`` — ``chunks`` are its records from its latest copy up to ``lsn``
     — as a complete base beside the log; returns the base's name (for a ``SnapshotRunRef``)."""
     relation = chunks[-1].relation  # the columns as of ``lsn``
-    plan = plan_changes([RecordChunk(c.relation, c.records, c.copy) for c in chunks], relation, truncate=truncate)
+    plan = plan_changes(chunks, relation, truncate=truncate)
     image = _table_image(plan, table).select([c.name for c in relation.columns])
     row_type = pa.struct(list(image.schema))
     count = image.num_rows
@@ -52,7 +52,7 @@ def write_base(
         pa.array(np.zeros(count, np.int64)),
         pa.array(np.full(count, commit_time_us, np.int64)).cast(COMMIT_FIELDS[3].type),
         pa.array(np.arange(count, dtype=np.int64)),
-        pa.array(["snapshot"] * count, pa.string()),
+        pa.array([Op.SNAPSHOT] * count, pa.string()),
         pa.nulls(count, pa.string()),
         pa.nulls(count, pa.list_(pa.string())),
         pa.nulls(count, SPECIAL_TYPE),
@@ -80,11 +80,11 @@ def _table_image(plan: ChangePlan, table: str) -> pa.Table:
     if plan.mode == "append":
         return rows
     if plan.mode == "multiset":
-        copies = rows.column(COPIES).to_numpy()
+        copies = rows.column(DeltaColumn.COPIES).to_numpy()
         if (copies < 0).any():
             raise CdcError(f"cannot fold the change log of {table}: it removes rows its copy does not hold")
         return rows.take(pa.array(np.repeat(np.arange(rows.num_rows), copies), pa.int64()))
-    upserts = rows.filter(pc.equal(rows.column(ACTION), UPSERT))
-    if upserts.column(UNRESOLVED).null_count < upserts.num_rows:
+    upserts = rows.filter(pc.equal(rows.column(DeltaColumn.ACTION), PlanAction.UPSERT))
+    if upserts.column(DeltaColumn.UNRESOLVED).null_count < upserts.num_rows:
         raise CdcError(f"cannot fold the change log of {table}: an unchanged TOAST value has no earlier value")
     return upserts

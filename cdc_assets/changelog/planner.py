@@ -10,7 +10,7 @@ The records after a Delta table's applied LSN, in commit order, become one :clas
 * **Unchanged TOAST** columns (``'u'``) are filled, in order, from the ``O`` old row of the same
   record; from the latest earlier image of the same key in the batch — for a key change, the
   image under the *old* key; otherwise they stay *unresolved* and the merge takes them from the
-  row already in the Delta table under ``_cdc_fill_key`` (the key the value was last stored under).
+  row already in the Delta table under its fill key (``DeltaColumn.FILL_KEY``) (the key the value was last stored under).
 * **Keyed tables** (a replica identity key: primary key or ``USING INDEX``) get one upsert or
   delete per key. **REPLICA IDENTITY FULL** tables, whose key is every column, are planned as a
   multiset — per distinct row, how many copies to add or remove — exact even with duplicate
@@ -39,17 +39,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.errors import CdcError
+from cdc_assets.pgoutput.records import COMMIT_TIME_TYPE, ChangeChunk, DeltaColumn, Op, PlanAction, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
-
-UPSERT = "upsert"
-DELETE = "delete"
-ACTION = "_cdc_action"
-UNRESOLVED = "_cdc_unresolved"
-FILL_KEY = "_cdc_fill_key"
-COPIES = "_cdc_copies"
-LSN = "_cdc_lsn"
-COMMIT_TIME = "_cdc_commit_time"
-TIME_TYPE = pa.timestamp("us", tz="UTC")
 
 PlanMode = Literal["keyed", "multiset", "append"]
 PlanShape = Literal["appends", "updates", "any"]
@@ -59,31 +50,21 @@ class PlanError(CdcError):
     """The change records contradict themselves (e.g. an update keeps a value of a deleted key)."""
 
 
-@dataclass(slots=True, frozen=True)
-class RecordChunk:
-    """Change records (the change log's columns) written under one schema version; ``copy``: they
-    are a copy of the whole table (the table is emptied before them, even when there are none)."""
-
-    relation: RelationSchema
-    records: pa.Table
-    copy: bool = False
-
-
 @dataclass(slots=True)
 class ChangePlan:
     """The net change of one table against its latest schema ``relation``.
 
     ``mode`` says how ``rows`` apply:
 
-    * ``keyed``: one row per key; ``_cdc_action`` is ``upsert`` (the final image, where the
-      columns in ``_cdc_unresolved`` are to be taken from the Delta row under ``_cdc_fill_key``)
-      or ``delete`` (key columns only);
-    * ``multiset``: one row per distinct full row, ``_cdc_copies`` copies to add (> 0) or
+    * ``keyed``: one row per key; ``DeltaColumn.ACTION`` is ``PlanAction.UPSERT`` (the final image,
+      where the columns in ``DeltaColumn.UNRESOLVED`` are to be taken from the Delta row under
+      ``DeltaColumn.FILL_KEY``) or ``PlanAction.DELETE`` (key columns only);
+    * ``multiset``: one row per distinct full row, ``DeltaColumn.COPIES`` copies to add (> 0) or
       remove (< 0);
     * ``append``: rows to append.
 
-    ``truncate`` empties the table before ``rows`` apply. Every row carries ``_cdc_lsn`` (end LSN
-    of its last change's transaction) and ``_cdc_commit_time``.
+    ``truncate`` empties the table before ``rows`` apply. Every row carries ``DeltaColumn.LSN`` (end
+    LSN of its last change's transaction) and ``DeltaColumn.COMMIT_TIME``.
 
     ``shape`` says what work the merge may skip (:mod:`cdc_assets.apply.merge`): ``appends`` —
     appending the upserts is the whole change (keyed: the batch only inserted, and a key
@@ -105,11 +86,11 @@ class ChangePlan:
 
     @property
     def has_unresolved(self) -> bool:
-        return self.mode == "keyed" and self.rows.column(UNRESOLVED).null_count < self.rows.num_rows
+        return self.mode == "keyed" and self.rows.column(DeltaColumn.UNRESOLVED).null_count < self.rows.num_rows
 
 
 def plan_changes(
-    chunks: Sequence[RecordChunk], relation: RelationSchema, *, truncate: Literal["apply", "ignore"] = "apply"
+    chunks: Sequence[ChangeChunk], relation: RelationSchema, *, truncate: Literal["apply", "ignore"] = "apply"
 ) -> ChangePlan:
     """Plan ``chunks`` (in log order, at least one) for a table whose latest schema is ``relation``."""
     if not chunks:
@@ -137,8 +118,8 @@ def fill_from_history(plan: ChangePlan, history: ChangePlan) -> ChangePlan:
         raise ValueError("history must be the keyed plan of the same table")
     rows = plan.rows
     names = [c.name for c in plan.relation.columns]
-    unresolved = rows.column(UNRESOLVED).combine_chunks()
-    known = history.rows.filter(pc.equal(history.rows.column(ACTION), UPSERT))
+    unresolved = rows.column(DeltaColumn.UNRESOLVED).combine_chunks()
+    known = history.rows.filter(pc.equal(history.rows.column(DeltaColumn.ACTION), PlanAction.UPSERT))
     lookup = known.select(list(plan.key)).append_column(
         "__history_row", pa.array(np.arange(known.num_rows), pa.int64())
     )
@@ -164,14 +145,18 @@ def fill_from_history(plan: ChangePlan, history: ChangePlan) -> ChangePlan:
         for i in np.flatnonzero(mask):
             left[i] = [c for c in left[i] or () if c != name] or None
     rows = rows.set_column(
-        rows.column_names.index(UNRESOLVED), rows.schema.field(UNRESOLVED), pa.array(left, pa.list_(pa.string()))
+        rows.column_names.index(DeltaColumn.UNRESOLVED),
+        rows.schema.field(DeltaColumn.UNRESOLVED),
+        pa.array(left, pa.list_(pa.string())),
     )
     fill_key = pc.if_else(
         pa.array([u is None for u in left]),
-        pa.nulls(rows.num_rows, rows.schema.field(FILL_KEY).type),
-        rows.column(FILL_KEY),
+        pa.nulls(rows.num_rows, rows.schema.field(DeltaColumn.FILL_KEY).type),
+        rows.column(DeltaColumn.FILL_KEY),
     )
-    rows = rows.set_column(rows.column_names.index(FILL_KEY), rows.schema.field(FILL_KEY), fill_key)
+    rows = rows.set_column(
+        rows.column_names.index(DeltaColumn.FILL_KEY), rows.schema.field(DeltaColumn.FILL_KEY), fill_key
+    )
     return replace(plan, rows=rows)
 
 
@@ -195,20 +180,25 @@ class _Events:
     last_lsn: int
 
     @classmethod
-    def build(cls, chunks: Sequence[RecordChunk], relation: RelationSchema, truncate_mode: str) -> _Events:
-        ops = np.concatenate([c.records.column("_cdc_op").to_numpy(zero_copy_only=False) for c in chunks])
-        lsn = np.concatenate([c.records.column("_cdc_end_lsn").to_numpy() for c in chunks])
+    def build(cls, chunks: Sequence[ChangeChunk], relation: RelationSchema, truncate_mode: str) -> _Events:
+        ops = np.concatenate([c.records.column(RecordColumn.OP).to_numpy(zero_copy_only=False) for c in chunks])
+        lsn = np.concatenate([c.records.column(RecordColumn.END_LSN).to_numpy() for c in chunks])
         offsets = np.cumsum([0] + [c.records.num_rows for c in chunks])
         copy_at = next((int(offsets[i]) for i, c in enumerate(chunks) if c.copy), None)
         truncate, start = _cut(ops, truncate_mode, copy_at)
-        keep = np.flatnonzero((np.arange(len(ops)) >= start) & (ops != "truncate"))
+        keep = np.flatnonzero((np.arange(len(ops)) >= start) & (ops != Op.TRUNCATE))
         index = pa.array(keep, pa.int64())
         new = latest_images(chunks, relation, "new").take(index)
         old = latest_images(chunks, relation, "old").take(index)
-        kinds = np.concatenate([c.records.column("_cdc_old_kind").to_numpy(zero_copy_only=False) for c in chunks])
-        unchanged = [u for c in chunks for u in c.records.column("_cdc_unchanged").to_pylist()]
+        kinds = np.concatenate([c.records.column(RecordColumn.OLD_KIND).to_numpy(zero_copy_only=False) for c in chunks])
+        unchanged = [u for c in chunks for u in c.records.column(RecordColumn.UNCHANGED).to_pylist()]
         times = pa.chunked_array(
-            [chunk for c in chunks for chunk in c.records.column("_cdc_commit_time").cast(TIME_TYPE).chunks], TIME_TYPE
+            [
+                chunk
+                for c in chunks
+                for chunk in c.records.column(RecordColumn.COMMIT_TIME).cast(COMMIT_TIME_TYPE).chunks
+            ],
+            COMMIT_TIME_TYPE,
         ).combine_chunks()
         new, kept_unchanged = _unchanged_keys_from_old(
             new, old, kinds[keep], [unchanged[i] for i in keep], relation.key_columns
@@ -257,7 +247,7 @@ def _unchanged_keys_from_old(
     return new, rest
 
 
-def latest_images(chunks: Sequence[RecordChunk], relation: RelationSchema, image: str = "new") -> pa.Table:
+def latest_images(chunks: Sequence[ChangeChunk], relation: RelationSchema, image: str = "new") -> pa.Table:
     """The ``new`` (or ``old``) images of ``chunks`` as one table of ``relation``'s columns."""
     names = [c.name for c in relation.columns]
     types = _latest_types(chunks, relation)
@@ -272,16 +262,16 @@ def _cut(ops: np.ndarray, truncate_mode: str, copy_at: int | None) -> tuple[bool
     """
     starts = []
     if truncate_mode == "apply":
-        truncates = np.flatnonzero(ops == "truncate")
+        truncates = np.flatnonzero(ops == Op.TRUNCATE)
         if len(truncates):
             starts.append(int(truncates[-1]) + 1)
-    copies = [int(i) for i in np.flatnonzero(ops == "snapshot")[:1]] + ([] if copy_at is None else [copy_at])
+    copies = [int(i) for i in np.flatnonzero(ops == Op.SNAPSHOT)[:1]] + ([] if copy_at is None else [copy_at])
     if copies:
         starts.append(min(copies))
     return (True, max(starts)) if starts else (False, 0)
 
 
-def _latest_types(chunks: Sequence[RecordChunk], relation: RelationSchema) -> dict[str, pa.DataType]:
+def _latest_types(chunks: Sequence[ChangeChunk], relation: RelationSchema) -> dict[str, pa.DataType]:
     """Each column's Arrow type in the newest chunk that has it (older values are cast to it)."""
     types: dict[str, pa.DataType] = {}
     for chunk in reversed(chunks):
@@ -315,14 +305,16 @@ def _flatten(column: pa.ChunkedArray, names: list[str], types: dict[str, pa.Data
 
 
 def _with_metadata(table: pa.Table, lsn: np.ndarray, commit_time: pa.Array) -> pa.Table:
-    return table.append_column(LSN, pa.array(lsn, pa.int64())).append_column(COMMIT_TIME, commit_time)
+    return table.append_column(DeltaColumn.LSN, pa.array(lsn, pa.int64())).append_column(
+        DeltaColumn.COMMIT_TIME, commit_time
+    )
 
 
 # -- append-only ------------------------------------------------------------------------------------
 
 
 def _append_plan(events: _Events) -> ChangePlan:
-    rows = np.flatnonzero(np.isin(events.ops, ["insert", "snapshot"]))
+    rows = np.flatnonzero(np.isin(events.ops, [Op.INSERT, Op.SNAPSHOT]))
     table = _with_metadata(events.new.take(pa.array(rows, pa.int64())), events.lsn[rows], events.take_times(rows))
     return ChangePlan(
         events.relation,
@@ -340,8 +332,8 @@ def _append_plan(events: _Events) -> ChangePlan:
 
 
 def _keyed_plan(events: _Events, key: tuple[str, ...], mirrored: bool) -> ChangePlan:
-    is_update = events.ops == "update"
-    is_delete = events.ops == "delete"
+    is_update = events.ops == Op.UPDATE
+    is_delete = events.ops == Op.DELETE
     has_old = np.isin(events.old_kind, ["K", "O"])
     old_keys = pa.table(
         [pc.if_else(pa.array(has_old), events.old.column(k), events.new.column(k)) for k in key], names=list(key)
@@ -364,13 +356,13 @@ def _keyed_plan(events: _Events, key: tuple[str, ...], mirrored: bool) -> Change
         *_fold(events, np.flatnonzero(in_fold), new_id, old_id, key_changed, keys, schema),
     ]
     rows = pa.concat_tables(parts)
-    actions = rows.column(ACTION)
-    upserts = int(pc.sum(pc.equal(actions, UPSERT)).as_py() or 0)
+    actions = rows.column(DeltaColumn.ACTION)
+    upserts = int(pc.sum(pc.equal(actions, PlanAction.UPSERT)).as_py() or 0)
     counts = {"upserts": upserts, "deletes": rows.num_rows - upserts}
     shape: PlanShape = "any"
     if not events.truncate and mirrored and _only_inserts(events):
         shape = "appends"
-    elif not events.truncate and not np.isin(events.ops, ["insert", "snapshot"]).any() and not key_changed.any():
+    elif not events.truncate and not np.isin(events.ops, [Op.INSERT, Op.SNAPSHOT]).any() and not key_changed.any():
         shape = "updates"
     return ChangePlan(
         events.relation, "keyed", key, events.truncate, rows, events.record_count, events.last_lsn, counts, shape
@@ -378,7 +370,7 @@ def _keyed_plan(events: _Events, key: tuple[str, ...], mirrored: bool) -> Change
 
 
 def _only_inserts(events: _Events) -> bool:
-    return len(events.ops) > 0 and bool(np.all(events.ops == "insert"))
+    return len(events.ops) > 0 and bool(np.all(events.ops == Op.INSERT))
 
 
 def _keyed_schema(events: _Events, key: tuple[str, ...]) -> pa.Schema:
@@ -386,11 +378,11 @@ def _keyed_schema(events: _Events, key: tuple[str, ...]) -> pa.Schema:
     return pa.schema(
         [
             *image,
-            pa.field(LSN, pa.int64()),
-            pa.field(COMMIT_TIME, TIME_TYPE),
-            pa.field(ACTION, pa.string()),
-            pa.field(UNRESOLVED, pa.list_(pa.string())),
-            pa.field(FILL_KEY, pa.struct([image.field(k) for k in key])),
+            pa.field(DeltaColumn.LSN, pa.int64()),
+            pa.field(DeltaColumn.COMMIT_TIME, COMMIT_TIME_TYPE),
+            pa.field(DeltaColumn.ACTION, pa.string()),
+            pa.field(DeltaColumn.UNRESOLVED, pa.list_(pa.string())),
+            pa.field(DeltaColumn.FILL_KEY, pa.struct([image.field(k) for k in key])),
         ]
     )
 
@@ -421,13 +413,13 @@ def _groupable(table: pa.Table) -> pa.Table:
 def _upserts(events: _Events, rows: np.ndarray, schema: pa.Schema) -> pa.Table:
     image = _images_with_old_toast(events, rows)
     table = _with_metadata(image, events.lsn[rows], events.take_times(rows))
-    table = table.append_column(ACTION, pa.array([UPSERT] * len(rows), pa.string()))
+    table = table.append_column(DeltaColumn.ACTION, pa.array([PlanAction.UPSERT] * len(rows), pa.string()))
     return _conform(table, schema)
 
 
 def _deletes(events: _Events, rows: np.ndarray, old_keys: pa.Table, schema: pa.Schema) -> pa.Table:
     table = _with_metadata(old_keys.take(pa.array(rows, pa.int64())), events.lsn[rows], events.take_times(rows))
-    table = table.append_column(ACTION, pa.array([DELETE] * len(rows), pa.string()))
+    table = table.append_column(DeltaColumn.ACTION, pa.array([PlanAction.DELETE] * len(rows), pa.string()))
     return _conform(table, schema)
 
 
@@ -487,7 +479,7 @@ def _fold(
     state: dict[int, _Final] = {}
     for i, record in enumerate(records):
         lsn = int(events.lsn[record])
-        if events.ops[record] == "delete":
+        if events.ops[record] == Op.DELETE:
             state[int(old_id[record])] = _Final(None, set(), None, lsn, times[i])
             continue
         image = new_rows[i]
@@ -520,11 +512,23 @@ def _fold(
     rows = []
     for key_id, final in state.items():
         row: dict[str, Any] = dict(final.image) if final.image is not None else dict(keys[key_id])
-        row[LSN], row[COMMIT_TIME] = final.lsn, final.commit_time
-        row[ACTION] = UPSERT if final.image is not None else DELETE
-        row[UNRESOLVED] = sorted(final.unresolved) or None
-        row[FILL_KEY] = keys[final.fill_id] if final.fill_id is not None else None
-        rows.append({n: row.get(n) for n in [*names, LSN, COMMIT_TIME, ACTION, UNRESOLVED, FILL_KEY]})
+        row[DeltaColumn.LSN], row[DeltaColumn.COMMIT_TIME] = final.lsn, final.commit_time
+        row[DeltaColumn.ACTION] = PlanAction.UPSERT if final.image is not None else PlanAction.DELETE
+        row[DeltaColumn.UNRESOLVED] = sorted(final.unresolved) or None
+        row[DeltaColumn.FILL_KEY] = keys[final.fill_id] if final.fill_id is not None else None
+        rows.append(
+            {
+                n: row.get(n)
+                for n in [
+                    *names,
+                    DeltaColumn.LSN,
+                    DeltaColumn.COMMIT_TIME,
+                    DeltaColumn.ACTION,
+                    DeltaColumn.UNRESOLVED,
+                    DeltaColumn.FILL_KEY,
+                ]
+            }
+        )
     return [pa.Table.from_pylist(rows, schema=schema)]
 
 
@@ -534,8 +538,8 @@ def _fold(
 def _multiset_plan(events: _Events) -> ChangePlan:
     """REPLICA IDENTITY FULL: +1 per new row image, -1 per old row image, summed per distinct row."""
     names = [c.name for c in events.relation.columns]
-    adds = np.flatnonzero(np.isin(events.ops, ["insert", "snapshot", "update"]))
-    removes = np.flatnonzero(np.isin(events.ops, ["update", "delete"]))
+    adds = np.flatnonzero(np.isin(events.ops, [Op.INSERT, Op.SNAPSHOT, Op.UPDATE]))
+    removes = np.flatnonzero(np.isin(events.ops, [Op.UPDATE, Op.DELETE]))
     images = pa.concat_tables([_images_with_old_toast(events, adds), events.old.take(pa.array(removes, pa.int64()))])
     signs = np.concatenate([np.ones(len(adds), np.int64), -np.ones(len(removes), np.int64)])
     lsns = np.concatenate([events.lsn[adds], events.lsn[removes]])
@@ -544,13 +548,17 @@ def _multiset_plan(events: _Events) -> ChangePlan:
     order = np.argsort(rows, kind="stable")
     images, signs, lsns, rows = images.take(pa.array(order, pa.int64())), signs[order], lsns[order], rows[order]
     grouping = _groupable(images).append_column("__i", pa.array(np.arange(len(rows)), pa.int64()))
-    grouping = grouping.append_column(COPIES, pa.array(signs)).append_column(LSN, pa.array(lsns, pa.int64()))
-    groups = grouping.group_by(names, use_threads=False).aggregate([(COPIES, "sum"), (LSN, "max"), ("__i", "max")])
-    copies = groups.column(f"{COPIES}_sum").to_numpy()
+    grouping = grouping.append_column(DeltaColumn.COPIES, pa.array(signs)).append_column(
+        DeltaColumn.LSN, pa.array(lsns, pa.int64())
+    )
+    groups = grouping.group_by(names, use_threads=False).aggregate(
+        [(DeltaColumn.COPIES, "sum"), (DeltaColumn.LSN, "max"), ("__i", "max")]
+    )
+    copies = groups.column(f"{DeltaColumn.COPIES}_sum").to_numpy()
     changed = np.flatnonzero(copies != 0)
     last = groups.column("__i_max").to_numpy()[changed]
     table = images.take(pa.array(last, pa.int64()))
-    table = table.append_column(COPIES, pa.array(copies[changed], pa.int64()))
+    table = table.append_column(DeltaColumn.COPIES, pa.array(copies[changed], pa.int64()))
     table = _with_metadata(table, lsns[last], events.take_times(rows[last]))
     counts = {"inserts": int(copies[copies > 0].sum()), "deletes": int(-copies[copies < 0].sum())}
     return ChangePlan(

@@ -32,6 +32,7 @@ from cdc_assets.changelog.segment_stats import column_max
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef, run_store
 from cdc_assets.changelog.store import TEMPORARY_MARK, LogStore
 from cdc_assets.errors import CdcError
+from cdc_assets.pgoutput.records import ChangeChunk, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 
 
@@ -39,18 +40,6 @@ from cdc_assets.pgoutput.schema import RelationSchema
 class Segment:
     path: str
     name: SegmentName
-
-
-@dataclass(slots=True)
-class ChangeChunk:
-    """Change records of one segment, with the schema version they were written with. ``copy``: the
-    segment belongs to its log's batch 0, a copy of the whole table (the initial snapshot, an online
-    run, a compacted base) — the table's contents even when it holds no row."""
-
-    relation: RelationSchema
-    schema_version: int
-    records: pa.Table
-    copy: bool = False
 
 
 class ChangeLogReader:
@@ -100,7 +89,7 @@ class ChangeLogReader:
             try:
                 parquet = pq.ParquetFile(self.store.path(segment.path), filesystem=self.store.fs)
                 if committed_since_us is not None:
-                    newest = column_max(parquet.metadata, "_cdc_commit_time")
+                    newest = column_max(parquet.metadata, RecordColumn.COMMIT_TIME)
                     if newest is not None and newest < committed_since_us:
                         continue
                 metadata = json.loads(parquet.schema_arrow.metadata[RELATION_KEY])
@@ -110,12 +99,12 @@ class ChangeLogReader:
                     f"segment {segment.path} of {table} was removed by change-log retention while it was being"
                     " read: run again"
                 ) from None
-            end = records.column("_cdc_end_lsn")
+            end = records.column(RecordColumn.END_LSN)
             keep = pc.and_(pc.greater(end, after), pc.less_equal(end, limit))
             records = records.filter(keep).replace_schema_metadata(None)
             copy = segment.name.batch_start == COPY_BATCH and (records.num_rows > 0 or self._copy_due(after, limit))
             if records.num_rows or parquet.metadata.num_rows == 0:  # an empty segment still gives the schema
-                yield ChangeChunk(RelationSchema.from_json(metadata), int(metadata["schema_version"]), records, copy)
+                yield ChangeChunk(RelationSchema.from_json(metadata), records, copy, int(metadata["schema_version"]))
 
     def due_snapshot_run(self, state: TableState, after: int, upto: int | None = None) -> SnapshotRunRef | None:
         """The table's latest snapshot run if it was announced in ``(after, upto]``."""

@@ -18,19 +18,27 @@ import pyarrow.parquet as pq
 from cdc_assets.changelog.encoding import storage_schema, to_storage
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
+from cdc_assets.pgoutput.records import RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 
 ROW_GROUP_ROWS = 131_072
 MAX_PENDING_ROW_GROUPS = 2
 # zstd without dictionaries (but for the operation): about a third faster to write than with
 # them, and smaller, for change records.
-PARQUET_OPTIONS: dict[str, object] = {"compression": "zstd", "use_dictionary": ["_cdc_op", "_cdc_old_kind"]}
+PARQUET_OPTIONS: dict[str, object] = {"compression": "zstd", "use_dictionary": [RecordColumn.OP, RecordColumn.OLD_KIND]}
 # A copy's segments: lz4, and statistics only for the top-level columns (readers use the LSN and
 # commit-time bounds, never those inside the row structs): encoded in about two thirds of the
 # time, for files about twice the size (docs/architecture.md, "The initial snapshot").
 COPY_PARQUET_OPTIONS: dict[str, object] = PARQUET_OPTIONS | {
     "compression": "lz4",
-    "write_statistics": ["_cdc_commit_lsn", "_cdc_end_lsn", "_cdc_xid", "_cdc_commit_time", "_cdc_position", "_cdc_op"],
+    "write_statistics": [
+        RecordColumn.COMMIT_LSN,
+        RecordColumn.END_LSN,
+        RecordColumn.XID,
+        RecordColumn.COMMIT_TIME,
+        RecordColumn.POSITION,
+        RecordColumn.OP,
+    ],
 }
 RELATION_KEY = b"cdc_assets.relation"
 

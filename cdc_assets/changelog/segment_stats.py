@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.pgoutput.messages import UNIX_EPOCH
+from cdc_assets.pgoutput.records import RecordColumn
 
-_COLUMNS = {"tables": ("_cdc_end_lsn", "_cdc_commit_time"), "transactions": ("end_lsn", "commit_time")}
+_COLUMNS = {"tables": (RecordColumn.END_LSN, RecordColumn.COMMIT_TIME), "transactions": ("end_lsn", "commit_time")}
 _MESSAGE_COLUMNS = ("lsn", "commit_time")
 
 

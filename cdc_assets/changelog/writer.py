@@ -31,6 +31,7 @@ from cdc_assets.changelog.snapshot_runs import SNAPSHOT_RUN_PREFIX, SnapshotRunA
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.messages import LogicalDecodingMessage
+from cdc_assets.pgoutput.records import RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.transactions import CommitInfo, PreparedTransaction, TransactionalMessage, with_commit_columns
 
@@ -122,7 +123,7 @@ class BatchWriter:
         if not records.num_rows:
             return  # the segment exists now, with the table's schema (an empty table's snapshot)
         segment.file.add(records)
-        last = int(np.max(records.column("_cdc_end_lsn").to_numpy()))
+        last = int(np.max(records.column(RecordColumn.END_LSN).to_numpy()))
         state = self._tables[table]
         if last > state.last_change_lsn:
             self._tables[table] = replace(state, last_change_lsn=last)

@@ -27,13 +27,14 @@ from cdc_assets.pgoutput.columnar import (
     extract_changes,
     extract_from_buffer,
 )
+from cdc_assets.pgoutput.records import Op, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pgoutput.values import ColumnConverter, ConvertedColumn, column_converter
 
-OP_NAMES = {OP_INSERT: "insert", OP_UPDATE: "update", OP_DELETE: "delete"}
-SNAPSHOT = "snapshot"
-TRUNCATE = "truncate"
+OP_NAMES = {OP_INSERT: Op.INSERT, OP_UPDATE: Op.UPDATE, OP_DELETE: Op.DELETE}
+SNAPSHOT = Op.SNAPSHOT
+TRUNCATE = Op.TRUNCATE
 
 TRUNCATE_TYPE = pa.struct(
     [
@@ -44,7 +45,7 @@ TRUNCATE_TYPE = pa.struct(
 )
 SPECIAL_TYPE = pa.map_(pa.string(), pa.string())
 
-_OP_DICTIONARY = pa.array(["insert", "update", "delete", TRUNCATE, SNAPSHOT])
+_OP_DICTIONARY = pa.array([Op.INSERT, Op.UPDATE, Op.DELETE, TRUNCATE, SNAPSHOT])
 _OP_INDEX = np.zeros(256, dtype=np.int8)
 _OP_INDEX[[OP_INSERT, OP_UPDATE, OP_DELETE]] = [0, 1, 2]
 _OLD_KINDS = pa.array(["K", "O"])
@@ -181,12 +182,12 @@ def record_schema(row_type: pa.StructType) -> pa.Schema:
     """The schema of change records for rows of ``row_type`` (commit columns excluded)."""
     return pa.schema(
         [
-            pa.field("_cdc_position", pa.int64(), nullable=False),
-            pa.field("_cdc_op", pa.string(), nullable=False),
-            pa.field("_cdc_old_kind", pa.string()),
-            pa.field("_cdc_unchanged", pa.list_(pa.string())),
-            pa.field("_cdc_special", SPECIAL_TYPE),
-            pa.field("_cdc_truncate", TRUNCATE_TYPE),
+            pa.field(RecordColumn.POSITION, pa.int64(), nullable=False),
+            pa.field(RecordColumn.OP, pa.string(), nullable=False),
+            pa.field(RecordColumn.OLD_KIND, pa.string()),
+            pa.field(RecordColumn.UNCHANGED, pa.list_(pa.string())),
+            pa.field(RecordColumn.SPECIAL, SPECIAL_TYPE),
+            pa.field(RecordColumn.TRUNCATE, TRUNCATE_TYPE),
             pa.field("new", row_type),
             pa.field("old", row_type),
         ]

@@ -14,7 +14,7 @@ both at one point:
 Both sides are hashed by the same Spark expression — the sum (as an exact decimal, so order and
 overflow don't matter) of ``xxhash64`` over every column of every row, duplicates included — on
 the same Spark types. Equal counts and checksums mean equal contents (up to 64-bit hash
-collisions); the table's row filter is applied to the source side. Metadata columns (``_cdc_*``)
+collisions); the table's row filter is applied to the source side. Metadata columns (``DeltaColumn``)
 are not compared.
 """
 
@@ -31,11 +31,12 @@ from pyspark.sql import functions as F
 
 from cdc_assets.apply.runner import apply_table, delta_target
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
-from cdc_assets.changelog.planner import RecordChunk, latest_images
+from cdc_assets.changelog.planner import latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
+from cdc_assets.pgoutput.records import ChangeChunk
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.source import SnapshotReader, copy_again_when_rewritten, create_slot_with_snapshot, load_type_catalog
@@ -93,7 +94,7 @@ def _source_digest(config: Config, table: TableConfig, spark: SparkSession) -> t
         for columns in snapshot.chunks(relation, builder.binary_supported):
             positions = np.arange(len(columns[0]))
             records = with_commit_columns(builder.snapshot(columns, positions, builder.binary_supported), info)
-            rows = latest_images([RecordChunk(relation, pa.Table.from_batches([records]))], relation)
+            rows = latest_images([ChangeChunk(relation, pa.Table.from_batches([records]))], relation)
             parts.append(_digest(_frame(spark, rows), table.row_filter))
     names = tuple(c.name for c in relation.columns)
     digest = Digest(sum(p.rows for p in parts), sum(p.checksum for p in parts))

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.messages import LogicalDecodingMessage, TruncateMessage
+from cdc_assets.pgoutput.records import RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.transactions import spill
@@ -184,7 +185,7 @@ class Buffers:
         for name, queue in self.converted.items():
             kept = spill.SpillQueue(self._spill_dir)
             for schema, records, tags in queue.pop_all():
-                positions = records.column("_cdc_position").to_numpy()
+                positions = records.column(RecordColumn.POSITION).to_numpy()
                 mask = (positions < start) | (positions >= end)
                 if mask.any():
                     kept.append(schema, records.filter(pa.array(mask)), tags[mask])

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from cdc_assets.pgoutput.records import RecordColumn
 from cdc_assets.transactions.sink import CommitInfo
 
 COMMIT_FIELDS = [
-    pa.field("_cdc_commit_lsn", pa.int64(), nullable=False),
-    pa.field("_cdc_end_lsn", pa.int64(), nullable=False),
-    pa.field("_cdc_xid", pa.int64(), nullable=False),
-    pa.field("_cdc_commit_time", pa.timestamp("us", tz="UTC"), nullable=False),
+    pa.field(RecordColumn.COMMIT_LSN, pa.int64(), nullable=False),
+    pa.field(RecordColumn.END_LSN, pa.int64(), nullable=False),
+    pa.field(RecordColumn.XID, pa.int64(), nullable=False),
+    pa.field(RecordColumn.COMMIT_TIME, pa.timestamp("us", tz="UTC"), nullable=False),
 ]
 
 

@@ -30,13 +30,13 @@ from deltalake import DeltaTable, QueryBuilder
 
 from cdc_assets.apply.spark_types import to_delta_arrow
 from cdc_assets.apply.target import delta_table_exists
-from cdc_assets.changelog.planner import COMMIT_TIME, LSN
 from cdc_assets.names import TableName
+from cdc_assets.pgoutput.records import DeltaColumn
 from cdc_assets.pgoutput.values import column_converter
 from tests.support.oracle import read_source_text
 
 CSTRING_OID = 2275
-METADATA = (LSN, COMMIT_TIME)
+METADATA = (DeltaColumn.LSN, DeltaColumn.COMMIT_TIME)
 Row = dict[str, Any]
 
 

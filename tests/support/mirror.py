@@ -17,10 +17,11 @@ import yaml
 
 from cdc_assets.apply.runner import TableApplied, apply_tables, delta_target
 from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn
-from cdc_assets.changelog.planner import COMMIT_TIME, LSN, ChangePlan, RecordChunk, plan_changes
+from cdc_assets.changelog.planner import ChangePlan, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
+from cdc_assets.pgoutput.records import DeltaColumn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.setup import SetupResult, setup
 from tests.conftest import Database
@@ -115,10 +116,7 @@ class Mirror:
         target = delta_target(config, settings, self.spark)
         applied = target.applied_lsn()
         assert applied is not None and applied < checkpoint.lsn
-        chunks = [
-            RecordChunk(c.relation, c.records, c.copy)
-            for c in reader.read_changes(table, after=applied, upto=checkpoint.lsn)
-        ]
+        chunks = list(reader.read_changes(table, after=applied, upto=checkpoint.lsn))
         plan = plan_changes(chunks, checkpoint.tables[table].relation, truncate=settings.truncate)
         return target, plan, checkpoint.lsn
 
@@ -205,11 +203,13 @@ class Mirror:
             ]
         problem = difference(data, expected, ("Delta", "the source" if expected is source else "the expected rows"))
         assert not problem, f"{table}: Delta differs:\n{problem}"
-        assert in_delta == [*columns, LSN, COMMIT_TIME], f"{table}: Delta has columns {in_delta}, the source {columns}"
+        assert in_delta == [*columns, DeltaColumn.LSN, DeltaColumn.COMMIT_TIME], (
+            f"{table}: Delta has columns {in_delta}, the source {columns}"
+        )
         applied = self.applied(table)
         assert applied is not None
-        assert all(m[LSN] is not None and 0 < m[LSN] <= applied for m in meta), (applied, meta)
-        assert all(m[COMMIT_TIME] is not None for m in meta)
+        assert all(m[DeltaColumn.LSN] is not None and 0 < m[DeltaColumn.LSN] <= applied for m in meta), (applied, meta)
+        assert all(m[DeltaColumn.COMMIT_TIME] is not None for m in meta)
         return data
 
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_assets.changelog.planner import RecordChunk
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder, record_schema
+from cdc_assets.pgoutput.records import ChangeChunk, RecordColumn
 from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
 from cdc_assets.transactions import COMMIT_FIELDS
 
@@ -92,7 +92,7 @@ class ChangeLog:
         assert self._open is None, "transactions do not nest"
         self._open = self._begin()
         try:
-            yield self._open["_cdc_end_lsn"]
+            yield self._open[RecordColumn.END_LSN]
         finally:
             self._open = None
 
@@ -101,10 +101,10 @@ class ChangeLog:
         self.next_commit += LSN_STEP
         self.next_xid += 1
         info = {
-            "_cdc_commit_lsn": commit,
-            "_cdc_end_lsn": commit + END_OFFSET,
-            "_cdc_xid": self.next_xid,
-            "_cdc_commit_time": T0 + timedelta(seconds=len(self.end_lsns)),
+            RecordColumn.COMMIT_LSN: commit,
+            RecordColumn.END_LSN: commit + END_OFFSET,
+            RecordColumn.XID: self.next_xid,
+            RecordColumn.COMMIT_TIME: T0 + timedelta(seconds=len(self.end_lsns)),
             "position": 0,
         }
         self.end_lsns.append(commit + END_OFFSET)
@@ -118,16 +118,16 @@ class ChangeLog:
         tx = self._open if self._open is not None else self._begin()
         row = {k: v for k, v in tx.items() if k != "position"}
         row.update(record)
-        row["_cdc_position"] = tx["position"]
+        row[RecordColumn.POSITION] = tx["position"]
         tx["position"] += 1
-        row.setdefault("_cdc_old_kind", None)
-        row.setdefault("_cdc_unchanged", None)
-        row.setdefault("_cdc_special", None)
-        row.setdefault("_cdc_truncate", None)
+        row.setdefault(RecordColumn.OLD_KIND, None)
+        row.setdefault(RecordColumn.UNCHANGED, None)
+        row.setdefault(RecordColumn.SPECIAL, None)
+        row.setdefault(RecordColumn.TRUNCATE, None)
         row.setdefault("new", None)
         row.setdefault("old", None)
         self.rows.append(row)
-        return row["_cdc_end_lsn"]
+        return row[RecordColumn.END_LSN]
 
     # -- changes -----------------------------------------------------------------------------
 
@@ -137,14 +137,14 @@ class ChangeLog:
     def snapshot(self, rows: Sequence[dict[str, Any]]) -> int:
         """Snapshot rows: one "transaction" at the slot's consistent point, xid 0."""
         tx = self._begin()
-        tx["_cdc_xid"] = 0
+        tx[RecordColumn.XID] = 0
         self._open = tx
         try:
             for row in rows:
                 self._add(_cdc_op="snapshot", new=self._image(row))
         finally:
             self._open = None
-        return tx["_cdc_end_lsn"]
+        return tx[RecordColumn.END_LSN]
 
     def update(
         self,
@@ -200,8 +200,8 @@ class ChangeLog:
             assert f.nullable or None not in columns[f.name], f"{f.name} is not nullable"
         return pa.Table.from_pydict(columns, schema=self.schema)
 
-    def chunk(self) -> RecordChunk:
-        return RecordChunk(self.relation, self.table())
+    def chunk(self) -> ChangeChunk:
+        return ChangeChunk(self.relation, self.table())
 
     def continued(self, rel: RelationSchema) -> ChangeLog:
         """A log of the next schema version ``rel``, continuing this one's LSNs."""
@@ -209,6 +209,6 @@ class ChangeLog:
         return follower
 
 
-def empty_chunk(rel: RelationSchema) -> RecordChunk:
+def empty_chunk(rel: RelationSchema) -> ChangeChunk:
     """No records (a table whose segment holds only its schema)."""
-    return RecordChunk(rel, schema_of(rel).empty_table())
+    return ChangeChunk(rel, schema_of(rel).empty_table())

@@ -34,6 +34,7 @@ from cdc_assets.pipeline import drain as drain_module
 from cdc_assets.pipeline.drain import DrainProgress
 from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.stream.options import max_proto_version
+from cdc_assets.stream.upto import UptoCut
 from tests.conftest import Database
 from tests.support.oracle import replay, to_python
 from tests.support.pipeline import Pipeline, wait_until
@@ -991,7 +992,7 @@ def test_a_drain_up_to_an_lsn_stops_before_the_first_transaction_ending_after_it
     rows.add(BeginMessage(final_lsn=rows.lsn + 2 * LSN_STEP, commit_time_us=T0_US, xid=701), insert(3, "c"))
     rows.commit(701)
     (block,) = rows.blocks()
-    head, reached = drain_module._UptoCut("on", upto).head(block)
+    head, reached = UptoCut("on", upto).head(block)
     assert reached and len(head) == cut_at
-    head, reached = drain_module._UptoCut("on", rows.lsn + 1).head(block)
+    head, reached = UptoCut("on", rows.lsn + 1).head(block)
     assert not reached and len(head) == len(block)

@@ -33,39 +33,26 @@ from cdc_assets.errors import CdcError, SlotGapError
 from cdc_assets.faults import fault_point
 from cdc_assets.interrupts import interrupts_deferred
 from cdc_assets.lsn import format_lsn
-from cdc_assets.pgoutput.decoder import PgoutputDecoder
-from cdc_assets.pgoutput.messages import (
-    BeginMessage,
-    BeginPrepareMessage,
-    CommitPreparedMessage,
-    LogicalDecodingMessage,
-    RelationMessage,
-    RollbackPreparedMessage,
-    StreamCommitMessage,
-    StreamPrepareMessage,
-)
-from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.source import (
     DrainLock,
     SlotState,
-    column_ndims,
     connect,
     emit_heartbeat,
-    load_type_catalog,
     read_slot,
     require_usable_slot,
     server_major,
 )
+from cdc_assets.source.catalog import relation_describer
 from cdc_assets.source.connection import one_row
 from cdc_assets.source.slot_holders import HeldWal, read_held_wal
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.process import POOL as STREAM_CHILDREN
 from cdc_assets.stream.reader import SlotStream, StreamLostError
+from cdc_assets.stream.upto import UptoCut
 from cdc_assets.transactions import TransactionAssembler
 
-FIRST_USER_OID = 10000
 RECONNECT_SECONDS = (1.0, 2.0, 5.0, 10.0)
 """A following drain whose connection was lost reconnects after these pauses (the last repeats)."""
 TRANSACTION_ENDS = b"CP"
@@ -161,7 +148,9 @@ def drain(
         target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
         options = pgoutput_options(source, major, two_phase=slot.two_phase)
         catalog = TypeCatalog()
-        describe = _describer(catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()})
+        describe = relation_describer(
+            catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}
+        )
 
         def new_assembler() -> TransactionAssembler:
             return TransactionAssembler(
@@ -235,7 +224,7 @@ class _StreamRun:
         assembler.start_session(self.writer, self.checkpoint.lsn)
         commit_seconds = self.config.drain.commit_seconds
         batch_changes = self.config.source.batch_changes
-        cut = _UptoCut(self.config.source.streaming, upto) if upto is not None else None
+        cut = UptoCut(self.config.source.streaming, upto) if upto is not None else None
         position = self.checkpoint.lsn  # every transaction that committed before it has been received
         caught_up = reached = False
         fed = 0  # messages in the open batch
@@ -331,38 +320,6 @@ class _StreamRun:
             result.changes[table] = result.changes.get(table, 0) + count
 
 
-class _UptoCut:
-    """Where a drain up to ``upto`` stops: before the first transaction that ends after it (a
-    Begin whose commit record starts at or after ``upto``, or a transaction end past it), or before
-    a non-transactional message written at or after it."""
-
-    def __init__(self, streaming: Any, upto: int) -> None:
-        self._decoder = PgoutputDecoder(streaming)
-        self._upto = upto
-
-    def head(self, block: MessageBlock) -> tuple[MessageBlock, bool]:
-        """The part of ``block`` before the cut, and whether the cut is in it."""
-        upto = self._upto
-        for index, (_, data) in enumerate(block.rows()):
-            if data[:1] not in b"BbcpKrMSE" or not data:  # S and E: the decoder tracks stream blocks
-                continue
-            message = self._decoder.decode(data)
-            match message:
-                case BeginMessage():
-                    past = message.final_lsn >= upto
-                case LogicalDecodingMessage():
-                    past = not message.transactional and message.lsn >= upto
-                case BeginPrepareMessage() | StreamCommitMessage() | StreamPrepareMessage() | CommitPreparedMessage():
-                    past = message.end_lsn > upto
-                case RollbackPreparedMessage():
-                    past = message.rollback_end_lsn > upto
-                case _:
-                    past = False
-            if past:
-                return block.head(index), True
-        return block, False
-
-
 def _refuse_gap(slot: SlotState, checkpoint: Checkpoint) -> None:
     """Refuse a slot that went past the checkpoint (data loss). A slot behind it is fine: the
     stream starts at the checkpoint and confirms it at once."""
@@ -379,47 +336,3 @@ def _refuse_gap(slot: SlotState, checkpoint: Checkpoint) -> None:
 def _flush_lsn(conn: psycopg.Connection[Any]) -> int:
     (lsn,) = one_row(conn.execute("SELECT (pg_current_wal_flush_lsn() - '0/0')::int8"))
     return int(lsn)
-
-
-def _describer(
-    conn: psycopg.Connection[Any], catalog: TypeCatalog, known: dict[str, RelationSchema]
-) -> Callable[[RelationMessage], RelationSchema]:
-    """Relation messages → schemas with array dimensions, loading user types into ``catalog``.
-
-    pgoutput does not send array dimensions, and the catalog only knows today's columns: a column
-    dropped since the change was made has none there. So a column the relation's last known schema
-    version (``known``: the checkpoint's, then each one described here) has with the same name, type
-    and typmod keeps its dimensions; only new or changed columns are looked up in the catalog.
-    Look-ups are cached: the server re-sends every Relation message in every call.
-    """
-    cache: dict[tuple[object, ...], RelationSchema] = {}
-
-    def describe(message: RelationMessage) -> RelationSchema:
-        key = (
-            message.relation_oid,
-            message.namespace,
-            message.relation_name,
-            message.replica_identity,
-            tuple((c.flags, c.name, c.type_oid, c.type_modifier) for c in message.columns),
-        )
-        schema = cache.get(key)
-        if schema is None:
-            user_types = [c.type_oid for c in message.columns if c.type_oid >= FIRST_USER_OID]
-            missing = [
-                oid for oid in user_types if (known_type := catalog.get(oid)) is None or known_type.category == "u"
-            ]
-            if missing:
-                for info in load_type_catalog(conn, missing):
-                    catalog.add(info)
-            ndims = column_ndims(conn, message.relation_oid)
-            schema = RelationSchema.from_message(message, ndims)
-            previous = known.get(schema.qualified_name)
-            if previous is not None and previous.relation_oid == schema.relation_oid:
-                before = {(c.name, c.type_oid, c.type_modifier): c.ndims for c in previous.columns}
-                for c in schema.columns:
-                    ndims[c.name] = before.get((c.name, c.type_oid, c.type_modifier), ndims.get(c.name, 0))
-                schema = RelationSchema.from_message(message, ndims)
-            cache[key] = known[schema.qualified_name] = schema
-        return schema
-
-    return describe

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
 
 from cdc_assets.errors import PublicationMismatchError, TableMissingError
 from cdc_assets.names import TableName
+from cdc_assets.pgoutput.messages import RelationMessage
 from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
-from cdc_assets.pgoutput.types import PgTypeInfo
+from cdc_assets.pgoutput.types import PgTypeInfo, TypeCatalog
 from cdc_assets.source.connection import server_major
 from cdc_assets.source.failures import publication_missing_error
 from cdc_assets.source.publication import publication_exists
@@ -116,3 +117,47 @@ def load_type_catalog(conn: psycopg.Connection[Any], oids: Iterable[int]) -> lis
     (domain bases, array elements, recursively); built-in types are left out."""
     rows = conn.execute(_TYPES, (sorted(set(oids)), FIRST_GENBKI_OID)).fetchall()
     return [PgTypeInfo(*row) for row in rows]
+
+
+def relation_describer(
+    conn: psycopg.Connection[Any], catalog: TypeCatalog, known: dict[str, RelationSchema]
+) -> Callable[[RelationMessage], RelationSchema]:
+    """Relation messages → schemas with array dimensions, loading user types into ``catalog``.
+
+    pgoutput does not send array dimensions, and the catalog only knows today's columns: a column
+    dropped since the change was made has none there. So a column the relation's last known schema
+    version (``known``: the checkpoint's, then each one described here) has with the same name, type
+    and typmod keeps its dimensions; only new or changed columns are looked up in the catalog.
+    Look-ups are cached: the server re-sends every Relation message in every call.
+    """
+    cache: dict[tuple[object, ...], RelationSchema] = {}
+
+    def describe(message: RelationMessage) -> RelationSchema:
+        key = (
+            message.relation_oid,
+            message.namespace,
+            message.relation_name,
+            message.replica_identity,
+            tuple((c.flags, c.name, c.type_oid, c.type_modifier) for c in message.columns),
+        )
+        schema = cache.get(key)
+        if schema is None:
+            user_types = [c.type_oid for c in message.columns if c.type_oid >= FIRST_GENBKI_OID]
+            missing = [
+                oid for oid in user_types if (known_type := catalog.get(oid)) is None or known_type.category == "u"
+            ]
+            if missing:
+                for info in load_type_catalog(conn, missing):
+                    catalog.add(info)
+            ndims = column_ndims(conn, message.relation_oid)
+            schema = RelationSchema.from_message(message, ndims)
+            previous = known.get(schema.qualified_name)
+            if previous is not None and previous.relation_oid == schema.relation_oid:
+                before = {(c.name, c.type_oid, c.type_modifier): c.ndims for c in previous.columns}
+                for c in schema.columns:
+                    ndims[c.name] = before.get((c.name, c.type_oid, c.type_modifier), ndims.get(c.name, 0))
+                schema = RelationSchema.from_message(message, ndims)
+            cache[key] = known[schema.qualified_name] = schema
+        return schema
+
+    return describe

@@ -1,0 +1,50 @@
+"""Where a drain up to an LSN stops in the stream (the parity check drains the log up to a
+temporary slot's snapshot point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdc_assets.pgoutput.decoder import PgoutputDecoder
+from cdc_assets.pgoutput.messages import (
+    BeginMessage,
+    BeginPrepareMessage,
+    CommitPreparedMessage,
+    LogicalDecodingMessage,
+    RollbackPreparedMessage,
+    StreamCommitMessage,
+    StreamPrepareMessage,
+)
+from cdc_assets.stream.blocks import MessageBlock
+
+
+class UptoCut:
+    """Where a drain up to ``upto`` stops: before the first transaction that ends after it (a
+    Begin whose commit record starts at or after ``upto``, or a transaction end past it), or before
+    a non-transactional message written at or after it."""
+
+    def __init__(self, streaming: Any, upto: int) -> None:
+        self._decoder = PgoutputDecoder(streaming)
+        self._upto = upto
+
+    def head(self, block: MessageBlock) -> tuple[MessageBlock, bool]:
+        """The part of ``block`` before the cut, and whether the cut is in it."""
+        upto = self._upto
+        for index, (_, data) in enumerate(block.rows()):
+            if data[:1] not in b"BbcpKrMSE" or not data:  # S and E: the decoder tracks stream blocks
+                continue
+            message = self._decoder.decode(data)
+            match message:
+                case BeginMessage():
+                    past = message.final_lsn >= upto
+                case LogicalDecodingMessage():
+                    past = not message.transactional and message.lsn >= upto
+                case BeginPrepareMessage() | StreamCommitMessage() | StreamPrepareMessage() | CommitPreparedMessage():
+                    past = message.end_lsn > upto
+                case RollbackPreparedMessage():
+                    past = message.rollback_end_lsn > upto
+                case _:
+                    past = False
+            if past:
+                return block.head(index), True
+        return block, False

@@ -140,17 +140,17 @@ def test_maintenance_mistakes_are_refused(setting: str, message: str) -> None:
 
 
 def test_changelog_retention_default_and_setting() -> None:
-    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").changelog_retention_hours == 168
+    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").changelog.retention_hours == 168
     text = EXAMPLE.replace("  path: ./data/changelog", "  path: ./data/changelog\n  retention_hours: 0.5")
-    assert parse(text, CDC_SOURCE_DSN="x").changelog_retention_hours == 0.5
+    assert parse(text, CDC_SOURCE_DSN="x").changelog.retention_hours == 0.5
 
 
 def test_changelog_fold_policy_default_and_setting() -> None:
     defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x")
-    assert (defaults.changelog_fold_min_share, defaults.changelog_fold_max_segments) == (0.25, 200)
+    assert (defaults.changelog.fold_min_share, defaults.changelog.fold_max_segments) == (0.25, 200)
     settings = "  path: ./data/changelog\n  fold_min_share: 0\n  fold_max_segments: 50"
     config = parse(EXAMPLE.replace("  path: ./data/changelog", settings), CDC_SOURCE_DSN="x")
-    assert (config.changelog_fold_min_share, config.changelog_fold_max_segments) == (0.0, 50)
+    assert (config.changelog.fold_min_share, config.changelog.fold_max_segments) == (0.0, 50)
 
 
 @pytest.mark.parametrize(

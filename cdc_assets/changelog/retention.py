@@ -149,7 +149,7 @@ def table_hold(
 
 def _cutoff(config: Config) -> int:
     """Changes committed before this (µs since 1970) are past the retention."""
-    return time.time_ns() // 1000 - round(config.changelog_retention_hours * HOUR_US)
+    return time.time_ns() // 1000 - round(config.changelog.retention_hours * HOUR_US)
 
 
 def _fold_table(
@@ -203,14 +203,14 @@ def _worth_a_base(
     share ``changelog.fold_min_share`` of its current copy's bytes, or ``fold_max_segments``
     segments. Folding at every drain would rewrite the whole table every drain."""
     changes = [s for s in fold if _batch_start(s) != COPY_BATCH]
-    if len(changes) >= config.changelog_fold_max_segments:
+    if len(changes) >= config.changelog.fold_max_segments:
         return True
     run = state.snapshot_run
     if run is None:  # the initial snapshot: the table folder's copy batch
         copy_bytes = sum(s.bytes for s in fold if _batch_start(s) == COPY_BATCH)
     else:
         copy_bytes = run_store(reader.store, table, run.run).total_bytes()
-    return sum(s.bytes for s in changes) >= config.changelog_fold_min_share * copy_bytes
+    return sum(s.bytes for s in changes) >= config.changelog.fold_min_share * copy_bytes
 
 
 def _remove_superseded_copies(store: LogStore, table: str, current: SnapshotRunRef) -> None:

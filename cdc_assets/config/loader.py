@@ -1,4 +1,5 @@
-"""The YAML configuration file: loading, ``${VAR}`` substitution and validation.
+"""The YAML configuration file: loading, ``${VAR}`` substitution and validation, into the model
+of :mod:`cdc_assets.config.model` (whose fields give each setting's default and kind).
 
 Every mistake is a :class:`~cdc_assets.errors.ConfigError` naming the file and the key
 (``tables.public.orders.truncate: expected 'apply' or 'ignore', got 'drop'``). Relative paths are
@@ -11,177 +12,37 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 
+from cdc_assets.config.model import (
+    DELTA_MIN_RETENTION_HOURS,
+    ChangelogConfig,
+    Config,
+    DrainConfig,
+    MaintenanceConfig,
+    ScheduleConfig,
+    SourceConfig,
+    SparkConfig,
+    TableConfig,
+    Truncate,
+    default,
+    default_of,
+    is_uri,
+)
 from cdc_assets.errors import ConfigError
 from cdc_assets.names import TableName
 from cdc_assets.storage import StorageConfig, is_s3
 
 CONFIG_ENV = "CDC_CONFIG"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _SECRET_KEYS = frozenset({"dsn", "access_key_id", "secret_access_key", "session_token"})  # never echoed
 
-Streaming = Literal["off", "on", "parallel"]
 _Choice = TypeVar("_Choice", bound=str)
-
-
-@dataclass(slots=True, frozen=True)
-class SourceConfig:
-    """Where changes come from. ``dsn`` is a libpq connection string or URI; ``snapshot_workers``
-    connections copy the initial snapshot (default: the machine's cores)."""
-
-    dsn: str = field(repr=False)
-    publication: str = "cdc_pub"
-    slot: str = "cdc_slot"
-    streaming: Streaming = "off"
-    binary: bool = False
-    two_phase: bool = False
-    batch_changes: int = 1_000_000
-    heartbeat: bool = False
-    snapshot_workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-
-
-@dataclass(slots=True, frozen=True)
-class TableConfig:
-    """One mirrored table. ``target`` overrides the Delta path ``<warehouse>/<schema>/<table>``."""
-
-    name: TableName
-    row_filter: str | None = None
-    truncate: Literal["apply", "ignore"] = "apply"
-    target: str | None = None
-
-
-PARALLEL_MERGES = 4
-"""Tables one apply merges at once: a small table's MERGE mostly waits on Spark's per-job
-latency, not on the cores, so a few overlap well even on two cores."""
-
-
-@dataclass(slots=True, frozen=True)
-class SparkConfig:
-    """``master`` for a classic session (``local[2]``, ``spark://…``), or ``remote`` for Spark Connect;
-    ``parallel_merges``: tables merged at once by one apply, each on its own session of the one
-    application; ``storage``: the ``storage`` section when a Delta table is on S3 (Spark reaches
-    it through s3a)."""
-
-    master: str | None = "local[2]"
-    remote: str | None = None
-    conf: dict[str, str] = field(default_factory=dict)
-    parallel_merges: int = PARALLEL_MERGES
-    storage: StorageConfig | None = field(default=None, repr=False)
-
-
-@dataclass(slots=True, frozen=True)
-class ScheduleConfig:
-    """Dagster automation: when the drain runs and how much lag the asset check tolerates.
-
-    ``drain_lag_bytes``: besides the cron, a sensor requests a drain whenever the slot is at least
-    this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``;
-    each table's merge sensor looks every ``merge_check_seconds``. ``merge_with_drain``: each drain
-    run also merges every table the drain brought changes to (one run per cycle, not one per
-    table; a following drain merges after each durable batch, as it goes). A mirror whose last materialization is ``freshness_minutes`` old fails its freshness
-    policy (warns at half)."""
-
-    drain_cron: str = "*/5 * * * *"
-    max_lag_bytes: int = 1 << 30
-    drain_lag_bytes: int | None = None
-    drain_check_seconds: int = 30
-    merge_check_seconds: int = 30
-    merge_with_drain: bool = False
-    freshness_minutes: int = 30
-
-
-FOLLOW_SECONDS = 0.0
-COMMIT_SECONDS = 2.0
-
-
-@dataclass(slots=True, frozen=True)
-class DrainConfig:
-    """How a drain reads the stream (``drain``).
-
-    ``follow_seconds``: how long one drain follows the slot's stream once it has caught up (0: it
-    stops as soon as it has caught up); ``commit_seconds``: how often a following drain makes what
-    it received durable (segments, checkpoint, then the slot's confirmed position), and so how
-    soon the change log's readers see a change."""
-
-    follow_seconds: float = FOLLOW_SECONDS
-    commit_seconds: float = COMMIT_SECONDS
-
-
-DELTA_MIN_RETENTION_HOURS = 168
-"""Delta's VACUUM safety check: a retention below the table's ``delta.deletedFileRetentionDuration``
-(one week unless a table property changes it) can delete files a running reader or writer still
-needs."""
-
-
-@dataclass(slots=True, frozen=True)
-class MaintenanceConfig:
-    """Delta table maintenance (``warehouse.maintenance``): when it runs and what it does.
-
-    ``compact_min_files``: OPTIMIZE when the table has at least this many data files (0: never);
-    ``zorder``: order compacted files by the first key column; ``purge_min_deletion_vectors``:
-    ``REORG … APPLY (PURGE)`` when at least this many files carry deletion vectors (0: never);
-    ``vacuum_retention_hours``: VACUUM's retention (0: no VACUUM), never below Delta's check."""
-
-    cron: str = "0 * * * *"
-    compact_min_files: int = 8
-    zorder: bool = False
-    purge_min_deletion_vectors: int = 8
-    vacuum_retention_hours: int = DELTA_MIN_RETENTION_HOURS
-
-
-CHANGELOG_RETENTION_HOURS = 168
-"""How long the change log keeps a table's segments after every reader has applied them
-(``changelog.retention_hours``; docs/architecture.md, "Change-log retention")."""
-
-FOLD_MIN_SHARE = 0.25
-"""Retention rewrites a table's compacted base (the whole table) only once the segments it would
-fold hold this share of the current copy's bytes (``changelog.fold_min_share``; 0: whenever it
-folds) or number ``FOLD_MAX_SEGMENTS``."""
-FOLD_MAX_SEGMENTS = 200
-"""``changelog.fold_max_segments``: the bound on a table's segments kept past the retention."""
-
-
-@dataclass(slots=True, frozen=True)
-class Config:
-    source: SourceConfig
-    changelog_path: str
-    warehouse_path: str
-    tables: tuple[TableConfig, ...]
-    spark: SparkConfig = field(default_factory=SparkConfig)
-    warehouse_table_properties: dict[str, str] = field(default_factory=dict)
-    warehouse_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
-    storage: StorageConfig = field(default_factory=StorageConfig)
-    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    drain: DrainConfig = field(default_factory=DrainConfig)
-    changelog_retention_hours: float = CHANGELOG_RETENTION_HOURS
-    changelog_fold_min_share: float = FOLD_MIN_SHARE
-    changelog_fold_max_segments: int = FOLD_MAX_SEGMENTS
-    path: Path | None = None
-
-    def table(self, name: str | TableName) -> TableConfig:
-        wanted = name if isinstance(name, TableName) else TableName.parse(name)
-        for table in self.tables:
-            if table.name == wanted:
-                return table
-        known = ", ".join(str(t.name) for t in self.tables)
-        raise ConfigError(f"table {wanted} is not configured (configured: {known})")
-
-    @property
-    def delta_storage_options(self) -> dict[str, str]:
-        """delta-rs ``storage_options``: the ``storage`` section's, then ``warehouse.storage_options``."""
-        return self.storage.delta_rs_options() | self.warehouse_storage_options
-
-    def target_path(self, table: TableConfig) -> str:
-        """The Delta table's location."""
-        if table.target is not None:
-            return table.target
-        return _join(self.warehouse_path, table.name.schema, table.name.name)
+_Section = TypeVar("_Section")
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -221,29 +82,17 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
     tables = reader.tables(base)
     delta_on_s3 = is_s3(warehouse_path) or any(t.target is not None and is_s3(t.target) for t in tables)
     config = Config(
-        source=SourceConfig(
-            dsn=source.text("dsn"),
-            publication=source.text("publication", "cdc_pub"),
-            slot=source.slot_name("slot", "cdc_slot"),
-            streaming=source.choice("streaming", ("off", "on", "parallel"), "off"),
-            binary=source.flag("binary", False),
-            two_phase=source.flag("two_phase", False),
-            batch_changes=source.positive("batch_changes", 1_000_000),
-            heartbeat=source.flag("heartbeat", False),
-            snapshot_workers=source.positive("snapshot_workers", os.cpu_count() or 1),
-        ),
+        source=source.model(SourceConfig),
         changelog_path=_location(changelog.text("path"), base),
-        changelog_retention_hours=changelog.number("retention_hours", CHANGELOG_RETENTION_HOURS, "a number of hours"),
-        changelog_fold_min_share=changelog.number("fold_min_share", FOLD_MIN_SHARE),
-        changelog_fold_max_segments=changelog.positive("fold_max_segments", FOLD_MAX_SEGMENTS),
+        changelog=changelog.model(ChangelogConfig),
         warehouse_path=warehouse_path,
         warehouse_table_properties=warehouse.settings("table_properties"),
         warehouse_storage_options=warehouse.settings("storage_options"),
-        maintenance=warehouse.maintenance(),
+        maintenance=warehouse.optional_model("maintenance", MaintenanceConfig),
         tables=tables,
         spark=replace(spark, storage=storage) if delta_on_s3 else spark,
-        schedule=reader.schedule(),
-        drain=reader.drain(),
+        schedule=reader.optional_model("schedule", ScheduleConfig),
+        drain=reader.optional_model("drain", DrainConfig),
         storage=storage,
         path=origin,
     )
@@ -268,14 +117,10 @@ def _substitute(text: str, environ: Mapping[str, str], where: str) -> str:
 
 def _location(value: str, base: Path) -> str:
     """An object-store URI as is; a local path made absolute against the config's folder."""
-    if _URI.match(value):
+    if is_uri(value):
         return value.rstrip("/")
     path = Path(value).expanduser()
     return str(path if path.is_absolute() else (base / path).resolve())
-
-
-def _join(root: str, *parts: str) -> str:
-    return "/".join([root.rstrip("/"), *parts]) if _URI.match(root) else str(Path(root, *parts))
 
 
 class _Reader:
@@ -302,6 +147,30 @@ class _Reader:
 
     def section(self, key: str) -> _Reader:
         return _Reader(self.where, self.get(key), f"{self.prefix}{key}.")
+
+    def model(self, cls: type[_Section]) -> _Section:
+        """This mapping read as ``cls`` (a section of :mod:`cdc_assets.config.model`): each field
+        that says its kind, by that reader method, with the field's default."""
+        values: dict[str, Any] = {}
+        for model_field in fields(cls):  # type: ignore[arg-type]
+            if "kind" not in model_field.metadata:
+                continue
+            default = default_of(model_field)
+            if default is None and self.get(model_field.name, None) is None:
+                values[model_field.name] = None  # an optional setting left out
+                continue
+            read = getattr(self, model_field.metadata["kind"])
+            values[model_field.name] = read(model_field.name, default, **model_field.metadata["options"])
+        return cls(**values)
+
+    def optional_model(self, key: str, cls: type[_Section]) -> _Section:
+        """The section ``key`` read as ``cls``, or ``cls()`` when it is absent; no unknown key."""
+        if self.get(key, None) is None:
+            return cls()
+        section = self.section(key)
+        result = section.model(cls)
+        section.done()
+        return result
 
     def text(self, key: str, default: Any = ...) -> str:
         value = self.get(key, default)
@@ -345,12 +214,26 @@ class _Reader:
             raise self.fail(key, f"expected 0 (off) or a positive integer, got {value!r}")
         return value
 
-    def number(self, key: str, default: float, what: str = "a number") -> float:
-        """A number ≥ 0, fractions allowed (``what`` names it in the error: "a number of hours")."""
+    def number(self, key: str, default: float, what: str = "a number", above_zero: bool = False) -> float:
+        """A number ≥ 0 (> 0 with ``above_zero``), fractions allowed (``what`` names it in the
+        error: "a number of hours")."""
         value = self.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise self.fail(key, f"expected {what}, 0 or more, got {value!r}")
+        if above_zero and value <= 0:
+            raise self.fail(key, f"expected {what} above 0, got {float(value)!r}")
         return float(value)
+
+    def vacuum_hours(self, key: str, default: int) -> int:
+        """VACUUM's retention: 0 (off) or at least Delta's safety check."""
+        retention = self.count(key, default)
+        if 0 < retention < DELTA_MIN_RETENTION_HOURS:
+            raise self.fail(
+                key,
+                f"{retention} is below Delta's safety check ({DELTA_MIN_RETENTION_HOURS} hours, 7 days): VACUUM could"
+                " delete files that running readers and writers still use (0 turns VACUUM off)",
+            )
+        return retention
 
     def settings(self, key: str) -> dict[str, str]:
         """An optional mapping of names to scalar values, as strings (booleans lower-case)."""
@@ -359,7 +242,7 @@ class _Reader:
             raise self.fail(key, "expected a mapping of names to values")
         return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in value.items()}
 
-    def choice(self, key: str, choices: tuple[_Choice, ...], default: _Choice) -> _Choice:
+    def choice(self, key: str, default: _Choice, choices: tuple[_Choice, ...]) -> _Choice:
         value = self.get(key, default)
         if value is False and "off" in choices:  # YAML reads a bare `off` as false
             value = "off"
@@ -389,7 +272,7 @@ class _Reader:
                 TableConfig(
                     name=name,
                     row_filter=row_filter,
-                    truncate=table.choice("truncate", ("apply", "ignore"), "apply"),
+                    truncate=table.choice("truncate", default(TableConfig, "truncate"), get_args(Truncate)),
                     target=_location(target, base) if isinstance(target, str) else None,
                 )
             )
@@ -403,14 +286,14 @@ class _Reader:
             return SparkConfig()
         spark = self.section("spark")
         remote = spark.get("remote", None)
-        master = spark.get("master", None if remote else "local[2]")
+        master = spark.get("master", None if remote else default(SparkConfig, "master"))
         if remote is not None and master is not None:
             raise spark.fail("remote", "set either spark.master or spark.remote, not both")
         result = SparkConfig(
             master=str(master) if master is not None else None,
             remote=str(remote) if remote is not None else None,
             conf=spark.settings("conf"),
-            parallel_merges=spark.positive("parallel_merges", PARALLEL_MERGES),
+            parallel_merges=spark.model(SparkConfig).parallel_merges,
         )
         spark.done()
         return result
@@ -446,59 +329,6 @@ class _Reader:
             access_key_id=key_id,
             secret_access_key=secret,
             session_token=section.optional_text("session_token"),
-        )
-        section.done()
-        return result
-
-    def schedule(self) -> ScheduleConfig:
-        if self.get("schedule", None) is None:
-            return ScheduleConfig()
-        schedule = self.section("schedule")
-        lag = schedule.get("drain_lag_bytes", None)
-        result = ScheduleConfig(
-            drain_cron=schedule.cron("drain_cron", "*/5 * * * *"),
-            max_lag_bytes=schedule.positive("max_lag_bytes", 1 << 30),
-            drain_lag_bytes=None if lag is None else schedule.positive("drain_lag_bytes", 1),
-            drain_check_seconds=schedule.positive("drain_check_seconds", 30),
-            merge_check_seconds=schedule.positive("merge_check_seconds", 30),
-            merge_with_drain=schedule.flag("merge_with_drain", False),
-            freshness_minutes=schedule.positive("freshness_minutes", 30),
-        )
-        schedule.done()
-        return result
-
-    def drain(self) -> DrainConfig:
-        if self.get("drain", None) is None:
-            return DrainConfig()
-        drain = self.section("drain")
-        commit = drain.number("commit_seconds", COMMIT_SECONDS, "a number of seconds")
-        if commit <= 0:
-            raise drain.fail("commit_seconds", f"expected a number of seconds above 0, got {commit!r}")
-        config = DrainConfig(
-            follow_seconds=drain.number("follow_seconds", FOLLOW_SECONDS, "a number of seconds"),
-            commit_seconds=commit,
-        )
-        drain.done()
-        return config
-
-    def maintenance(self) -> MaintenanceConfig:
-        if self.get("maintenance", None) is None:
-            return MaintenanceConfig()
-        section = self.section("maintenance")
-        default = MaintenanceConfig()
-        retention = section.count("vacuum_retention_hours", default.vacuum_retention_hours)
-        if 0 < retention < DELTA_MIN_RETENTION_HOURS:
-            raise section.fail(
-                "vacuum_retention_hours",
-                f"{retention} is below Delta's safety check ({DELTA_MIN_RETENTION_HOURS} hours, 7 days): VACUUM could"
-                " delete files that running readers and writers still use (0 turns VACUUM off)",
-            )
-        result = MaintenanceConfig(
-            cron=section.cron("cron", default.cron),
-            compact_min_files=section.count("compact_min_files", default.compact_min_files),
-            zorder=section.flag("zorder", default.zorder),
-            purge_min_deletion_vectors=section.count("purge_min_deletion_vectors", default.purge_min_deletion_vectors),
-            vacuum_retention_hours=retention,
         )
         section.done()
         return result

@@ -1,34 +1,40 @@
 """Merges while a drain follows the slot's stream: after each durable batch, the tables whose
-entry in the change log's checkpoint changed are applied up to it, on a thread of their own — a
-change reaches its Delta table seconds after its commit, with no run or process per merge.
+entry in the change log's checkpoint changed are applied, on threads of their own — a change
+reaches its Delta table seconds after its commit, with no run or process per merge.
 
-The drain never waits for a merge: batches that land while a merge runs are taken together by the
-next one (each apply reads the checkpoint it starts at). What a merge does is exactly what
-``cdc-assets apply`` does for the table; a failed merge stops the follower, and the drain's next
-durable batch raises its error.
+The drain never waits for a merge. Up to ``spark.parallel_merges`` tables merge at once, each
+worker on its own session (one worker uses the session it is given); a table is merged by one
+worker at a time, and a table that changes again while it merges is merged again after. Each
+merge reads the checkpoint when it starts, so it takes every batch durable by then: the tables
+queued behind a long merge are not held to the position of an older look. What a merge does is
+exactly what ``cdc-assets apply`` does for the table; a failed merge stops the follower, and the
+drain's next durable batch raises its error.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import ExitStack
 from types import TracebackType
 
 from pyspark.sql import SparkSession
 
-from cdc_assets.apply.runner import TableApplied, apply_tables
+from cdc_assets.apply.runner import TableApplied, apply_table
+from cdc_assets.apply.session import table_session
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import TableState, read_checkpoint
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError
 
 
 class MergeFollower:
-    """Apply, on a background thread, the tables each durable batch changed (:meth:`batch_durable`).
+    """Apply, on background threads, the tables each durable batch changed (:meth:`batch_durable`).
 
     Used as a context manager around a following drain: leaving it normally merges what the last
-    batches brought and waits for it; leaving it on an exception lets the merge under way finish
+    batches brought and waits for it; leaving it on an exception lets the merges under way finish
     and starts no other."""
 
     def __init__(self, config: Config, spark: SparkSession, on_applied: Callable[[TableApplied], None]) -> None:
@@ -37,15 +43,24 @@ class MergeFollower:
         self._on_applied = on_applied
         self._configured = {str(table.name) for table in config.tables}
         self._seen: dict[str, TableState] | None = None
-        self._wake = threading.Event()
+        self._changed = threading.Event()  # a batch is durable: look for tables to merge
+        self._lock = threading.Condition()
+        self._queue: list[str] = []  # tables due, in the order they became due
+        self._merging: set[str] = set()
+        self._again: set[str] = set()  # changed while merging: due once that merge ends
         self._closing = False
         self._finish = True
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="merge-follower", daemon=True)
+        workers = max(1, min(config.spark.parallel_merges, len(config.tables)))
+        self._threads = [threading.Thread(target=self._look, name="merge-follower", daemon=True)] + [
+            threading.Thread(target=self._work, args=(workers > 1,), name=f"merge-{i}", daemon=True)
+            for i in range(workers)
+        ]
 
     def __enter__(self) -> MergeFollower:
-        self._thread.start()
-        self._wake.set()  # the first look merges every table the log holds changes for
+        for thread in self._threads:
+            thread.start()
+        self._changed.set()  # the first look merges every table the log holds changes for
         return self
 
     def __exit__(
@@ -56,33 +71,91 @@ class MergeFollower:
     def batch_durable(self) -> None:
         """A batch is durable: merge the tables it changed (raises a merge's failure)."""
         self._raise_failure()
-        self._wake.set()
+        self._changed.set()
 
     def close(self, *, finish: bool = True) -> None:
-        """Stop following: with ``finish``, merge what is pending first; raises a merge's failure."""
+        """Stop following: with ``finish``, merge what is due first; raises a merge's failure."""
         self._closing, self._finish = True, finish
-        self._wake.set()
-        self._thread.join()
+        self._changed.set()
+        self._threads[0].join()  # the last look, when finishing
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads[1:]:
+            thread.join()
         self._raise_failure()
 
     def _raise_failure(self) -> None:
         if self._error is not None:
             raise CdcError(f"a merge while following the stream failed: {self._error}") from self._error
 
-    def _run(self) -> None:
+    def _failed(self, error: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = error
+            self._closing, self._finish = True, False
+            self._lock.notify_all()
+
+    def _look(self) -> None:
+        """Queue the tables each durable batch changed, until closed (after a last look)."""
         try:
             while True:
-                self._wake.wait()
-                self._wake.clear()
+                self._changed.wait()
+                self._changed.clear()
                 if self._closing and not self._finish:
                     return
                 due = self._due()
-                if due:
-                    apply_tables(self._config, self._spark, due, progress=self._report)
-                if self._closing and not self._wake.is_set():
+                with self._lock:
+                    for table in due:
+                        if table in self._merging:
+                            self._again.add(table)
+                        elif table not in self._queue:
+                            self._queue.append(table)
+                    self._lock.notify_all()
+                if self._closing:
                     return
         except BaseException as error:  # noqa: BLE001 - handed to the drain's thread, which raises it
-            self._error = error
+            self._failed(error)
+
+    def _work(self, own_session: bool) -> None:
+        """Merge queued tables one at a time until closed and (when finishing) nothing is left."""
+        try:
+            with ExitStack() as stack:
+                session = (
+                    stack.enter_context(table_session(self._spark, self._config.spark)) if own_session else self._spark
+                )
+                while (table := self._next()) is not None:
+                    try:
+                        self._merge(table, session)
+                    finally:
+                        with self._lock:
+                            self._merging.discard(table)
+                            if table in self._again:
+                                self._again.discard(table)
+                                self._queue.append(table)
+                            self._lock.notify_all()
+        except BaseException as error:  # noqa: BLE001 - handed to the drain's thread, which raises it
+            self._failed(error)
+
+    def _next(self) -> str | None:
+        """The next table to merge, or None once closed with nothing left to do (or not finishing)."""
+        with self._lock:
+            while True:
+                if self._closing and not self._finish:
+                    return None
+                if self._queue:
+                    table = self._queue.pop(0)
+                    self._merging.add(table)
+                    return table
+                if self._closing and not self._threads[0].is_alive():
+                    return None  # the last look is done and its tables are merged or being merged
+                self._lock.wait(timeout=1.0)
+
+    def _merge(self, table: str, session: SparkSession) -> None:
+        reader = ChangeLogReader(changelog_store(self._config))
+        checkpoint = reader.require_checkpoint()
+        result = apply_table(self._config, self._config.table(table), session, reader, checkpoint.lsn)
+        if result.skipped is None:
+            self._on_applied(result)
 
     def _due(self) -> list[str]:
         """The configured tables whose checkpoint entry changed since the last look (at the first
@@ -101,7 +174,3 @@ class MergeFollower:
             due = [name for name, state in tables.items() if self._seen.get(name) != state]
         self._seen = tables
         return sorted(due)
-
-    def _report(self, result: TableApplied) -> None:
-        if result.skipped is None:
-            self._on_applied(result)

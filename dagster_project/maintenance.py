@@ -4,14 +4,15 @@
 
 The asset sits in the ``mirror`` group beside the table's mirror asset, which it depends on, and
 in the same pool (``cdc_table__<schema>__<table>``): with the pool's limit of 1, a table's merge
-and its maintenance never run at once, so neither has to lose a Delta conflict and start over.
+and its maintenance never run at once, so neither has to lose a Delta conflict and start over. A
+following drain's merges run in the drain's run, outside the pool: the maintenance and they take
+the table's write lock on the source instead (``TableWriteLock``).
 """
 
 import dagster as dg
 from dagster import AssetExecutionContext
 
-from cdc_assets.apply.maintenance import Maintained, first_key_column, maintain_table
-from cdc_assets.apply.runner import delta_target
+from cdc_assets.apply.maintenance import Maintained, maintain_configured_table
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from dagster_project.assets import mirror_key, table_pool, table_slug
@@ -43,8 +44,7 @@ def build_maintenance_asset(settings: Settings, table: TableConfig) -> dg.Assets
         context: AssetExecutionContext, source: CdcSource, spark: SparkResource
     ) -> dg.MaterializeResult[None]:
         config = source.config()
-        target = delta_target(config, config.table(name), spark.session())
-        result = maintain_table(target, config.maintenance, name, first_key_column(config, name))
+        result = maintain_configured_table(config, config.table(name), spark.session())
         context.log.info(result.summary())
         return dg.MaterializeResult(metadata=maintenance_metadata(result))
 

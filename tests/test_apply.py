@@ -30,6 +30,7 @@ from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
+from cdc_assets.source.lock import TableWriteLock
 from tests.conftest import Database
 from tests.support.delta_read import difference, holds_key
 from tests.support.mirror import Mirror
@@ -671,8 +672,8 @@ def test_cli_sync_and_apply_one_table(mirror_of) -> None:  # type: ignore[no-unt
 @pytest.mark.slow
 def test_cli_sync_follow_merges_after_each_durable_batch_until_stopped(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """``cdc-assets sync --follow``: while the drain follows, each change reaches its Delta table
-    (a summary line per merge) before the command ends; SIGTERM ends it with exit 130 and the
-    table equal to the source."""
+    (a summary line per merge) before the command ends, and waits while the table's maintenance
+    holds its write lock; SIGTERM ends it with exit 130 and the table equal to the source."""
     mirror = mirror_of({"public.fa": {}}, "CREATE TABLE fa (id int PRIMARY KEY, v text)")
     mirror.setup()
     syncing = mirror.popen("sync", "--follow", "600")
@@ -685,12 +686,22 @@ def test_cli_sync_follow_merges_after_each_durable_batch_until_stopped(mirror_of
                 what=f"row {i} in Delta",
             )
         assert syncing.poll() is None  # merged by the following sync, not after it
+        # The table's maintenance holds its write lock: the follower's next merge of it waits.
+        with TableWriteLock(mirror.config().source, "public.fa"):
+            mirror.sql("INSERT INTO fa VALUES (10, 'while maintained')")
+            wait_until(
+                lambda: mirror.db.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"),
+                timeout=180,
+                what="the follower's merge waiting for the table's write lock",
+            )
+            assert not holds_key(mirror.path("public.fa"), 10)
+        wait_until(lambda: holds_key(mirror.path("public.fa"), 10), timeout=180, what="row 10 in Delta")
     finally:
         syncing.send_signal(signal.SIGTERM)
         out, err = syncing.communicate(timeout=120)
     assert syncing.returncode == 130, err
     merges = [line for line in out.splitlines() if line.startswith("public.fa: 1 change records → 1 inserted")]
-    assert len(merges) >= 3, out
+    assert len(merges) >= 4, out
     mirror.check("public.fa")
 
 

@@ -7,8 +7,10 @@ worker on its own session (one worker uses the session it is given); a table is 
 worker at a time, and a table that changes again while it merges is merged again after. Each
 merge reads the checkpoint when it starts, so it takes every batch durable by then: the tables
 queued behind a long merge are not held to the position of an older look. What a merge does is
-exactly what ``cdc-assets apply`` does for the table; a failed merge stops the follower, and the
-drain's next durable batch raises its error.
+exactly what ``cdc-assets apply`` does for the table, under the table's write lock on the source
+(:class:`~cdc_assets.source.lock.TableWriteLock`), which the table's maintenance takes too: no
+Dagster pool orders a follower's merges. A failed merge stops the follower, and the drain's next
+durable batch raises its error.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError
+from cdc_assets.source.lock import TableWriteLock
 
 
 class MergeFollower:
@@ -151,9 +154,10 @@ class MergeFollower:
                 self._lock.wait(timeout=1.0)
 
     def _merge(self, table: str, session: SparkSession) -> None:
-        reader = ChangeLogReader(changelog_store(self._config))
-        checkpoint = reader.require_checkpoint()
-        result = apply_table(self._config, self._config.table(table), session, reader, checkpoint.lsn)
+        with TableWriteLock(self._config.source, table):  # the table's maintenance waits, or this waits for it
+            reader = ChangeLogReader(changelog_store(self._config))
+            checkpoint = reader.require_checkpoint()
+            result = apply_table(self._config, self._config.table(table), session, reader, checkpoint.lsn)
         if result.skipped is None:
             self._on_applied(result)
 

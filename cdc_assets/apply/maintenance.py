@@ -33,9 +33,10 @@ from cdc_assets.apply.table_files import TableFiles, table_files
 from cdc_assets.apply.target import DeltaTarget, backquote
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
-from cdc_assets.config import Config, MaintenanceConfig
+from cdc_assets.config import Config, MaintenanceConfig, TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.names import TableName
+from cdc_assets.source.lock import TableWriteLock
 
 
 @dataclass(slots=True)
@@ -107,12 +108,20 @@ def maintain_tables(
     selected = [config.table(t) for t in tables] if tables else list(config.tables)
     results = []
     for table in selected:
-        target = delta_target(config, table, spark)
-        result = maintain_table(target, config.maintenance, str(table.name), first_key_column(config, str(table.name)))
-        results.append(result)
+        results.append(maintain_configured_table(config, table, spark))
         if progress is not None:
-            progress(result)
+            progress(results[-1])
     return results
+
+
+def maintain_configured_table(config: Config, table: TableConfig, spark: SparkSession) -> Maintained:
+    """:func:`maintain_table` for a configured table, holding its write lock on the source (a
+    following drain's merges of the table wait meanwhile, and it waits for theirs)."""
+    name = str(table.name)
+    with TableWriteLock(config.source, name):
+        return maintain_table(
+            delta_target(config, table, spark), config.maintenance, name, first_key_column(config, name)
+        )
 
 
 def first_key_column(config: Config, table: str) -> str | None:

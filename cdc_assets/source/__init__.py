@@ -19,7 +19,7 @@ from cdc_assets.source.connection import (
     server_major,
 )
 from cdc_assets.source.heartbeat import HEARTBEAT_PREFIX, emit_heartbeat
-from cdc_assets.source.lock import DrainLock, TableCopyLock, drain_lock_key
+from cdc_assets.source.lock import DrainLock, TableCopyLock, TableWriteLock, drain_lock_key
 from cdc_assets.source.publication import (
     ensure_publication,
     prune_publication,
@@ -48,6 +48,7 @@ __all__ = [
     "SlotState",
     "SnapshotReader",
     "TableCopyLock",
+    "TableWriteLock",
     "apply_pinned_settings",
     "check_source",
     "column_ndims",

@@ -1,4 +1,5 @@
-"""The drain lock: a session advisory lock on the source, keyed by the slot name.
+"""The drain lock: a session advisory lock on the source, keyed by the slot name; and, keyed by
+slot and table, the locks of one table's online copy and of its Delta table's writers.
 
 It lives on the source because the change log may be on object storage, where no lock exists.
 The lock is held by a dedicated connection for the whole drain and released when it closes.
@@ -115,3 +116,19 @@ class TableCopyLock(DrainLock):
 
     def _busy(self) -> str:
         return f"table {self.table} is being copied by another `cdc-assets snapshot`"
+
+
+class TableWriteLock(DrainLock):
+    """``with TableWriteLock(source, table):`` — exclusive right to write the Delta table of
+    ``table`` where no Dagster pool orders the writers: the merges of a following drain and the
+    table's maintenance, so that neither loses a Delta conflict to the other (waits by default)."""
+
+    def __init__(self, source: SourceConfig, table: str, *, wait: bool = True) -> None:
+        self.table = table
+        super().__init__(source, wait)
+
+    def _lock_name(self) -> str:
+        return f"{self.source.slot}:write:{self.table}"
+
+    def _busy(self) -> str:
+        return f"the Delta table of {self.table} is being written by another process (a merge or its maintenance)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg import errors
@@ -103,32 +103,39 @@ class DrainLock:
                 continue
 
 
-class TableCopyLock(DrainLock):
+class TableLock(DrainLock):
+    """Exclusive right to one kind of work (``purpose``) on one table, keyed by slot, purpose and
+    table; ``busy`` says what the holder is doing, ``waits``: whether a second one waits by default."""
+
+    purpose: ClassVar[str]
+    busy: ClassVar[str]  # with {table}
+    waits: ClassVar[bool]
+
+    def __init__(self, source: SourceConfig, table: str, *, wait: bool | None = None) -> None:
+        self.table = table
+        super().__init__(source, self.waits if wait is None else wait)
+
+    def _lock_name(self) -> str:
+        return f"{self.source.slot}:{self.purpose}:{self.table}"
+
+    def _busy(self) -> str:
+        return self.busy.format(table=self.table)
+
+
+class TableCopyLock(TableLock):
     """``with TableCopyLock(source, table):`` — exclusive right to copy ``table`` online (one
     snapshot run of a table at a time; the drain goes on meanwhile)."""
 
-    def __init__(self, source: SourceConfig, table: str, *, wait: bool = False) -> None:
-        self.table = table
-        super().__init__(source, wait)
-
-    def _lock_name(self) -> str:
-        return f"{self.source.slot}:snapshot:{self.table}"
-
-    def _busy(self) -> str:
-        return f"table {self.table} is being copied by another `cdc-assets snapshot`"
+    purpose = "snapshot"
+    busy = "table {table} is being copied by another `cdc-assets snapshot`"
+    waits = False
 
 
-class TableWriteLock(DrainLock):
+class TableWriteLock(TableLock):
     """``with TableWriteLock(source, table):`` — exclusive right to write the Delta table of
     ``table`` where no Dagster pool orders the writers: the merges of a following drain and the
     table's maintenance, so that neither loses a Delta conflict to the other (waits by default)."""
 
-    def __init__(self, source: SourceConfig, table: str, *, wait: bool = True) -> None:
-        self.table = table
-        super().__init__(source, wait)
-
-    def _lock_name(self) -> str:
-        return f"{self.source.slot}:write:{self.table}"
-
-    def _busy(self) -> str:
-        return f"the Delta table of {self.table} is being written by another process (a merge or its maintenance)"
+    purpose = "write"
+    busy = "the Delta table of {table} is being written by another process (a merge or its maintenance)"
+    waits = True

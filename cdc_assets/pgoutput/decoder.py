@@ -20,6 +20,7 @@ from typing import Literal
 from cdc_assets.errors import DecodeError
 from cdc_assets.pgoutput.messages import (
     POSTGRES_EPOCH_US,
+    SENT_TIME_RANGE_US,
     BeginMessage,
     BeginPrepareMessage,
     CommitMessage,
@@ -417,14 +418,9 @@ def _no_flags(flags: int, pos: int) -> None:
         raise _Malformed(f"unknown flags 0x{flags:02x} (PostgreSQL sends 0)", pos)
 
 
-# Timestamps the messages' datetime properties can represent (years 1 to 9999).
-_MIN_TIME_US = -62_135_596_800_000_000 - POSTGRES_EPOCH_US
-_MAX_TIME_US = 253_402_300_799_999_999 - POSTGRES_EPOCH_US
-
-
 def _timestamp(microseconds: int, pos: int) -> int:
     """A timestamp sent as µs since 2000-01-01, as µs since 1970-01-01 (Arrow's epoch)."""
-    if not _MIN_TIME_US <= microseconds <= _MAX_TIME_US:
+    if not SENT_TIME_RANGE_US[0] <= microseconds <= SENT_TIME_RANGE_US[1]:
         raise _Malformed(f"timestamp {microseconds} µs after 2000-01-01 is out of range", pos)
     return microseconds + POSTGRES_EPOCH_US
 

@@ -18,6 +18,9 @@ from typing import ClassVar, TypeAlias
 POSTGRES_EPOCH_US = 946_684_800_000_000
 """2000-01-01 in microseconds since 1970-01-01: PostgreSQL's clocks (pgoutput's and the replication
 protocol's timestamps) count from it."""
+SENT_TIME_RANGE_US = (-62_135_596_800_000_000 - POSTGRES_EPOCH_US, 253_402_300_799_999_999 - POSTGRES_EPOCH_US)
+"""The timestamps the messages' datetime properties can represent (years 1 to 9999), as sent
+(µs since 2000-01-01)."""
 
 UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -16,7 +16,13 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from cdc_assets.pgoutput.messages import POSTGRES_EPOCH_US, CommitMessage, LogicalDecodingMessage, TruncateMessage
+from cdc_assets.pgoutput.messages import (
+    POSTGRES_EPOCH_US,
+    SENT_TIME_RANGE_US,
+    CommitMessage,
+    LogicalDecodingMessage,
+    TruncateMessage,
+)
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.transactions import spill
 from cdc_assets.transactions.buffers import Buffers, RawBuffer, RecordBuilders, Segment
@@ -26,9 +32,6 @@ from cdc_assets.transactions.sink import CommitInfo, Output, TransactionalMessag
 BEGIN, COMMIT = ord("B"), ord("C")
 PLAIN_TYPES = np.array([ord(c) for c in "BCIUD"], dtype=np.uint8)
 _PADDING = bytes(32)
-# Commit times the message classes accept (years 1 to 9999), as sent (µs since 2000-01-01).
-_MIN_TIME_US = -62_135_596_800_000_000 - POSTGRES_EPOCH_US
-_MAX_TIME_US = 253_402_300_799_999_999 - POSTGRES_EPOCH_US
 
 
 class BlockView:
@@ -150,7 +153,7 @@ class PlainTransactions:
             ok.all()
             and np.isin(relations, known).all()
             and not view.u8[commit_at + 1].any()  # Commit flags are 0
-            and ((times >= _MIN_TIME_US) & (times <= _MAX_TIME_US)).all()
+            and ((times >= SENT_TIME_RANGE_US[0]) & (times <= SENT_TIME_RANGE_US[1])).all()
         ):
             return False
         base = self._seq

@@ -170,7 +170,7 @@ def test_an_unreachable_bucket_is_a_clear_error_that_shows_no_credential(bucket:
     config = tmp_path / "cdc.yaml"
     config.write_text(yaml.safe_dump(document))
     environ = {**os.environ, **bucket.environ(), "DSN": "host=127.0.0.1 port=1 dbname=none"}
-    write_checkpoint(parse_config(config.read_text(), origin=config, environ=environ).changelog_store(), CHECKPOINT)
+    write_checkpoint(changelog_store(parse_config(config.read_text(), origin=config, environ=environ)), CHECKPOINT)
     done = subprocess.run(
         [sys.executable, "-m", "cdc_assets", "status", "-c", str(config)],
         capture_output=True, text=True, env=environ, timeout=120, check=False,

@@ -40,7 +40,7 @@ from cdc_assets.changelog.layout import (
     SegmentName,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.changelog.store import LogStore
+from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from tests.support.pipeline import wait_until
@@ -128,7 +128,7 @@ def drain_to_end(config: Path, dsn: str, slot: str, timeout: float = 180) -> sub
         result = run_cli(config, dsn, "drain", timeout=timeout)
     except subprocess.TimeoutExpired as error:
         progress = error.stderr.decode() if isinstance(error.stderr, bytes) else (error.stderr or "")
-        checkpoint = ChangeLogReader(load_config(config, environ=_env(dsn, None)).changelog_store()).checkpoint()
+        checkpoint = ChangeLogReader(changelog_store(load_config(config, environ=_env(dsn, None)))).checkpoint()
         with psycopg.connect(dsn, autocommit=True) as conn:
             deadline = time.monotonic() + 30
             while conn.execute(

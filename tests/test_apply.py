@@ -31,7 +31,7 @@ from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
 from cdc_assets.source.lock import TableWriteLock
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.delta_read import difference, holds_key
 from tests.support.mirror import Mirror
 from tests.support.pipeline import wait_until

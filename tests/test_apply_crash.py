@@ -74,7 +74,7 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.setup import setup
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
 from tests.support.pipeline import wait_until
 from tests.support.workload import Workload, write_workload_config

@@ -51,8 +51,8 @@ from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.setup import setup
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
-from tests.conftest import Database
 from tests.support.bucket import Bucket
+from tests.support.database import Database
 from tests.support.parity import compare_all, fast_spark, report
 from tests.support.workload import Workload, WorkloadStats, log_coverage, write_workload_config
 

@@ -33,7 +33,7 @@ import yaml
 
 from cdc_assets.apply.session import delta_package
 from cdc_sandbox.pgcluster import free_port
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
 
 pytestmark = pytest.mark.slow  # not in the quick tier

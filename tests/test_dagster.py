@@ -55,7 +55,6 @@ from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
 from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
 from dagster_project.settings import load_settings
-from tests.conftest import Database
 from tests.support.commit_time import commit_at
 from tests.support.dagster_env import (
     DDL,
@@ -69,6 +68,7 @@ from tests.support.dagster_env import (
     load_code_location,
     write_dagster_config,
 )
+from tests.support.database import Database
 from tests.support.delta_read import canonical, difference, rust_table
 from tests.support.pipeline import wait_until
 

@@ -19,8 +19,8 @@ from cdc_assets.config import load_config
 from cdc_assets.pipeline.setup import setup
 from dagster_project.assets import SNAPSHOT_KEY, table_pool
 from dagster_project.demo.run import DAGSTER_YAML
-from tests.conftest import Database
 from tests.support.dagster_env import DDL, DSN_VARIABLE, TABLES, DagsterEnv, load_code_location, write_dagster_config
+from tests.support.database import Database
 from tests.support.delta_read import difference
 
 CUSTOMERS, ORDERS, NOTES = TABLES

@@ -41,7 +41,7 @@ from cdc_assets.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.peek import peek
 from tests.support.pgoutput_writer import encode
 

@@ -35,7 +35,7 @@ from cdc_assets.pipeline.drain import DrainProgress
 from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.stream.options import max_proto_version
 from cdc_assets.stream.upto import UptoCut
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.oracle import replay, to_python
 from tests.support.pipeline import Pipeline, wait_until
 

@@ -13,8 +13,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from tests.conftest import Database
 from tests.support.dagster_env import DSN_VARIABLE, load_code_location
+from tests.support.database import Database
 from tests.test_dagster import create_source
 
 SLOT = "cdc_lag_slot"

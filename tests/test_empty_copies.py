@@ -17,7 +17,7 @@ import pytest
 
 from cdc_assets.apply.runner import rebuild_table
 from cdc_assets.pipeline.online_snapshot import snapshot_tables
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.mirror import Mirror
 
 TABLES = ("public.keyed", "public.full_row", "public.keyless")

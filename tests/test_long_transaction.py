@@ -16,7 +16,7 @@ import pytest
 
 from cdc_assets.source import read_slot
 from cdc_assets.source.slot_holders import read_held_wal
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.mirror import DSN_VARIABLE, ROOT, Mirror
 from tests.support.pipeline import wait_until
 

@@ -24,7 +24,7 @@ from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.config import MaintenanceConfig
 from cdc_assets.lsn import format_lsn
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.delta_read import difference
 from tests.support.mirror import Mirror
 

@@ -18,8 +18,8 @@ from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
-from tests.conftest import Database
 from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES, load_code_location
+from tests.support.database import Database
 from tests.support.delta_read import difference, holds_key, rust_rows, source_rows, split_metadata
 from tests.support.pipeline import wait_until
 from tests.test_drain_sensor import source_with_schedule

@@ -21,9 +21,9 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from dagster_project.assets import mirror_key
-from tests.conftest import Database
 from tests.support.applied_marker import mark_applied
 from tests.support.dagster_env import DSN_VARIABLE, TABLES, load_code_location
+from tests.support.database import Database
 from tests.test_dagster import create_source
 
 SLOT = "cdc_fresh_slot"

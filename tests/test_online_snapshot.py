@@ -33,7 +33,7 @@ from cdc_assets.faults import ENV as FAULT
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.pipeline.setup import setup
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.oracle import assert_mirrors
 from tests.support.parity import compare_all, fast_spark, report
 from tests.support.pipeline import wait_until

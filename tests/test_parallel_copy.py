@@ -26,8 +26,8 @@ from cdc_assets.source import connect, create_slot_with_snapshot, load_type_cata
 from cdc_assets.source.copy_plan import RANGE_BLOCKS_MAX, RANGE_BLOCKS_MIN, BlockRange, block_ranges
 from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.source.snapshot import SnapshotReader
-from tests.conftest import Database
 from tests.support.copied import KeptBlocks, sent_rows, typed_rows
+from tests.support.database import Database
 from tests.support.oracle import read_source_text
 from tests.support.peek import create_slot, peek_decoded, pgoutput_options
 from tests.support.pipeline import Pipeline, wait_until

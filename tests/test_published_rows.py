@@ -16,7 +16,7 @@ import pytest
 
 from cdc_assets.errors import PublicationMismatchError
 from cdc_assets.pipeline.online_snapshot import snapshot_tables
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.mirror import Mirror
 
 pytestmark = pytest.mark.slow

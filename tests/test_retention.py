@@ -25,9 +25,9 @@ from cdc_assets.errors import CdcError
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.pipeline.status import read_status
 from dagster_project.assets import drain_metadata
-from tests.conftest import Database
 from tests.support.applied_marker import mark_applied
 from tests.support.commit_time import commit_at
+from tests.support.database import Database
 from tests.support.mirror import Mirror
 from tests.support.pipeline import Pipeline
 

@@ -19,7 +19,7 @@ from cdc_assets.errors import (
     TableMissingError,
 )
 from cdc_assets.lsn import format_lsn
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.pipeline import Pipeline, wait_until
 
 XID = "SELECT pg_current_xact_id()::text::int8"

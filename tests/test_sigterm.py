@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.mirror import Mirror
 from tests.support.pipeline import wait_until
 from tests.support.processes import Command, process_name, sigterm_and_check

@@ -23,8 +23,8 @@ from dagster_project.assets import CHANGELOG_KEY, build_changelog_asset
 from dagster_project.checks import build_held_wal_check
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
-from tests.conftest import Database
 from tests.support.dagster_env import DSN_VARIABLE, execute, write_dagster_config
+from tests.support.database import Database
 from tests.support.pipeline import Pipeline, wait_until
 
 SLOT = "cdc_slot"

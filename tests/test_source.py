@@ -70,8 +70,8 @@ from cdc_assets.source import (
 from cdc_assets.source.connection import one_row
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.reader import SlotStream
-from tests.conftest import Database
 from tests.support.copied import sent_rows, typed_rows
+from tests.support.database import Database
 from tests.support.peek import peek
 
 # Session settings under which text output differs from the pinned settings in every respect.

@@ -23,8 +23,8 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.apply.session import close_connect_sessions, is_connect
 from cdc_assets.lsn import format_lsn
-from tests.conftest import Database
 from tests.support.dagster_env import DSN_VARIABLE, ROOT, DagsterEnv
+from tests.support.database import Database
 from tests.support.pipeline import wait_until
 from tests.test_apply_differential import BUCKET_OPS, BUCKET_SEEDS, SeedResult, run_seed
 from tests.test_dagster import (

@@ -28,8 +28,8 @@ from cdc_assets.pipeline.online_snapshot import snapshot_tables
 from cdc_assets.source import ExportedSnapshot, create_slot_with_snapshot
 from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.source.snapshot import SnapshotReader
-from tests.conftest import Database
 from tests.support.copied import KeptBlocks
+from tests.support.database import Database
 from tests.support.pipeline import Pipeline
 
 TABLES = (

@@ -37,8 +37,8 @@ from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.setup import setup
 from cdc_sandbox.pgcluster import free_port
-from tests.conftest import Database
 from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_dagster_config
+from tests.support.database import Database
 from tests.support.pipeline import wait_until
 
 pytestmark = pytest.mark.slow  # not in the quick tier

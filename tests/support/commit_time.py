@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from tests.conftest import Database
+from tests.support.database import Database
 
 
 def commit_at(db: Database, moment: datetime, *statements: str) -> None:

@@ -39,7 +39,7 @@ from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
 
 ROOT = Path(__file__).resolve().parents[2]

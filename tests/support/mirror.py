@@ -24,7 +24,7 @@ from cdc_assets.names import TableName
 from cdc_assets.pgoutput.records import DeltaColumn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.setup import SetupResult, setup
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.delta_read import (
     delta_version,
     difference,

@@ -21,7 +21,7 @@ from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.setup import SetupResult, setup
-from tests.conftest import Database
+from tests.support.database import Database
 from tests.support.oracle import Replica, assert_mirrors
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,8 @@
 
 A classic session gets Delta's SQL extension and catalog, and Delta's jars through
 ``spark.jars.packages`` (resolved from Maven Central by Spark's Ivy at session start; cached in
-``~/.ivy2.5.2``). The delta-spark 4.4.1 Python package has no jars of its own and its 4.4.1 jars
+``~/.ivy2.5.2``; the jars a resolution gave are remembered there, and later starts pass them as
+``spark.jars`` without resolving again: ``resolved_jars.py``). The delta-spark 4.4.1 Python package has no jars of its own and its 4.4.1 jars
 are not on Maven Central, so the package requested is the newest published one for this Spark
 minor (``DELTA_JARS_VERSION``); set ``spark.jars.packages`` or ``spark.jars`` in the
 configuration to choose other jars (e.g. for an offline cluster). When Delta's jar is already on
@@ -28,6 +29,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
+from cdc_assets.apply.resolved_jars import ivy_home, record_jars, recorded_jars
 from cdc_assets.config import SparkConfig
 from cdc_assets.errors import ConfigError
 from cdc_assets.interrupts import interrupts_deferred
@@ -89,18 +91,24 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(_local_cores(master))
     if config.storage is not None:
         settings |= {f"spark.hadoop.{key}": value for key, value in config.storage.hadoop_settings().items()}
+    if not os.environ.get("HOME"):
+        settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
     if "spark.jars" not in config.conf and "spark.jars.packages" not in config.conf:
         packages = [] if delta_on_classpath() else [delta_package()]
         if config.storage is not None and not _on_classpath("*hadoop-aws-*.jar"):
             packages.append(hadoop_aws_package())
         if packages:
-            settings["spark.jars.packages"] = ",".join(packages)
-    if not os.environ.get("HOME"):
-        settings["spark.jars.ivy"] = "/tmp/.ivy2.5.2"  # Ivy needs a writable home
+            settings |= _jars_or_packages(",".join(packages), ivy_home(settings | config.conf))
     settings.update(config.conf)
     for key in JAVA_OPTIONS:
         settings[key] = java_options(config.conf.get(key, ""))
     return settings
+
+
+def _jars_or_packages(packages: str, home: Path) -> dict[str, str]:
+    """``packages`` to resolve, or the jars an earlier start resolved them to (resolved_jars.py)."""
+    recorded = recorded_jars(packages, home)
+    return {"spark.jars": ",".join(recorded)} if recorded else {"spark.jars.packages": packages}
 
 
 JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
@@ -247,13 +255,20 @@ def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSes
             atexit.unregister(close_connect_sessions)
             atexit.register(close_connect_sessions)
         return session
+    settings = session_settings(config, app_name)
     builder = SparkSession.builder.master(config.master or "local[2]")
-    for key, value in session_settings(config, app_name).items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     # An interrupt while pyspark launches the JVM leaves a JVM whose gateway never started: it
     # never learns that its parent is gone and runs on for good. So the launch is not cut short.
     with interrupts_deferred():
-        return builder.getOrCreate()
+        session = builder.getOrCreate()
+    packages = settings.get("spark.jars.packages")
+    if packages and "spark.jars.packages" not in config.conf:
+        started = session.sparkContext.getConf()
+        if started.get("spark.jars.packages") == packages:  # this start resolved them, not an earlier session
+            record_jars(packages, ivy_home(settings), started.get("spark.jars"))
+    return session
 
 
 @contextmanager

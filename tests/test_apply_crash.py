@@ -74,10 +74,11 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.setup import setup
+from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
 from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
 from tests.support.pipeline import wait_until
-from tests.support.workload import Workload, write_workload_config
+from tests.support.workload import Workload, tables_section
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
@@ -87,7 +88,6 @@ RATE = float(os.environ.get("CDC_CRASH_RATE", "25"))
 DEADLINE_S = float(os.environ.get("CDC_CRASH_DEADLINE", "1800"))  # the kill loop; ~6 minutes on a quiet machine
 SLOT = "crash_slot"
 SCHEMA = "crash"
-DSN_VARIABLE = "CDC_SOURCE_DSN"
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("drain", "spark-start", "merge", "maintain")
 MAINTENANCE = {"compact_min_files": 2, "purge_min_deletion_vectors": 1}
@@ -101,11 +101,10 @@ SPARK_CONF = {
 
 
 def write_crash_config(folder: Path, tables: list[str]) -> Path:
-    source = {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000}
-    return write_workload_config(
+    return write_config(
         folder,
-        source,
-        tables,
+        tables_section(tables),
+        source={"publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000},
         changelog={"path": "./changelog", "retention_hours": 0, "fold_min_share": 0},
         warehouse={"path": "./warehouse", "maintenance": MAINTENANCE},
         spark={"master": "local[2]", "conf": SPARK_CONF},

@@ -52,9 +52,10 @@ from cdc_assets.pipeline.setup import setup
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
 from tests.support.bucket import Bucket
+from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
 from tests.support.parity import compare_all, fast_spark, report
-from tests.support.workload import Workload, WorkloadStats, log_coverage, write_workload_config
+from tests.support.workload import Workload, WorkloadStats, log_coverage, tables_section
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
@@ -63,7 +64,6 @@ SEED_LIST = [int(s) for s in os.environ.get("CDC_DIFF_SEED_LIST", "").split(",")
 OPS = int(os.environ.get("CDC_DIFF_OPS", "2000"))
 SYNCS = int(os.environ.get("CDC_DIFF_SYNCS", "3"))
 PARALLEL = int(os.environ.get("CDC_DIFF_PARALLEL", "3"))
-DSN_VARIABLE = "CDC_SOURCE_DSN"
 
 
 def drain_variant(config: Config, rng: random.Random) -> tuple[Config, str]:
@@ -129,8 +129,9 @@ def run_seed(
     try:
         workload.create()
         workload.populate()
-        source = {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{slot}_pub", "slot": slot}
-        config = load_config(write_workload_config(folder, source, workload.tables, **sections), environ=environ)
+        source = {"publication": f"{slot}_pub", "slot": slot}
+        path = write_config(folder, tables_section(workload.tables), source=source, **sections)
+        config = load_config(path, environ=environ)
         result.config = config
         setup(config)
 

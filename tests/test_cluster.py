@@ -29,17 +29,16 @@ from typing import Any
 
 import pyspark
 import pytest
-import yaml
 
 from cdc_assets.apply.session import delta_package
 from cdc_sandbox.pgcluster import free_port
+from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
-DSN_VARIABLE = "CDC_SOURCE_DSN"
 TABLES = {"public.customers": None, "public.orders": "status <> 'draft'"}  # table -> row filter
 APP_NAME = "cdc-assets"  # the CLI's Spark application name (session.spark_session's default)
 
@@ -217,12 +216,10 @@ def test_sync_on_standalone_cluster(pg: Database, tmp_path: Path, cluster: Stand
         "   FROM generate_series(1, 800) g"
     )
     folder = tmp_path / "pipeline"
-    folder.mkdir()
-    config = {
-        "source": {"dsn": "${" + DSN_VARIABLE + "}", "publication": "cdc_pub", "slot": "cdc_slot"},
-        "changelog": {"path": "./changelog"},
-        "warehouse": {"path": "./warehouse"},
-        "spark": {
+    config = write_config(
+        folder,
+        {table: ({"row_filter": f} if f else {}) for table, f in TABLES.items()},
+        spark={
             "master": cluster.url,
             "conf": {
                 "spark.driver.host": "127.0.0.1",
@@ -237,10 +234,8 @@ def test_sync_on_standalone_cluster(pg: Database, tmp_path: Path, cluster: Stand
                 "spark.databricks.delta.snapshotPartitions": "2",
             },
         },
-        "tables": {table: ({"row_filter": f} if f else {}) for table, f in TABLES.items()},
-    }
-    (folder / "cdc.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    env = {**cluster.environment(), DSN_VARIABLE: pg.dsn, "CDC_CONFIG": str(folder / "cdc.yaml")}
+    )
+    env = {**cluster.environment(), DSN_VARIABLE: pg.dsn, "CDC_CONFIG": str(config)}
     env.pop("SPARK_MASTER_OPTS")
     env.pop("SPARK_WORKER_OPTS")
 

@@ -113,12 +113,14 @@ ROUND_2_MERGED = {NOTES: (2, 0, 2)}
 # -- fixtures and helpers ---------------------------------------------------------------------------
 
 
-def create_source(db: Database, folder: Path, slot: str = SLOT) -> None:
-    """The three tables with rows, the configuration file, and ``cdc-assets setup``."""
+def create_source(db: Database, folder: Path, slot: str = SLOT, **sections: Any) -> None:
+    """The three tables with rows, the configuration file (``sections`` beside
+    :func:`write_dagster_config`'s, ``source`` settings beside ``slot``), and ``cdc-assets setup``."""
     with db.connect() as conn:
         conn.execute(DDL)
-    write_dagster_config(folder / "cdc.yaml", slot=slot)
-    setup(load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: db.dsn}))
+    source = {"slot": slot, **sections.pop("source", {})}
+    config = write_dagster_config(folder, source=source, **sections)
+    setup(load_config(config, environ={DSN_VARIABLE: db.dsn}))
 
 
 @pytest.fixture(scope="module")
@@ -204,9 +206,9 @@ def expected_keys() -> dict[str, set[str]]:
 
 
 def test_code_location_loads_with_dg_and_lists_its_definitions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    custom = write_dagster_config(tmp_path / "custom" / "cdc.yaml", cron="*/7 * * * *")
-    literal = write_dagster_config(tmp_path / "literal" / "cdc.yaml", dsn=SECRET_DSN)
-    default = write_dagster_config(tmp_path / "default" / "cdc.yaml")
+    custom = write_dagster_config(tmp_path / "custom", schedule={"drain_cron": "*/7 * * * *"})
+    literal = write_dagster_config(tmp_path / "literal", source={"dsn": SECRET_DSN})
+    default = write_dagster_config(tmp_path / "default")
     # The three dg commands run side by side (each loads the code location in its own process).
     check = dg_command("check", "defs", config=custom, dsn=SECRET_DSN)
     listing = dg_command("list", "defs", "--json", config=custom, dsn=SECRET_DSN)
@@ -430,8 +432,7 @@ def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: Da
     env.assert_mirrors([ORDERS])
 
     # A lag bound smaller than the lag: the same check, built from a file with a 1-byte bound.
-    strict = env.folder / "cdc-strict.yaml"
-    write_dagster_config(strict, max_lag_bytes=1)
+    strict = write_dagster_config(env.folder, schedule={"max_lag_bytes": 1}, name="cdc-strict.yaml")
     env.transactions(["INSERT INTO public.scratch VALUES (1)"])  # WAL past every applied LSN
     strict_defs = build_definitions(load_settings(str(strict)))
     checks = check_results(execute(strict_defs, env.instance, dg.AssetSelection.checks(*lag_keys), name="strict_lag"))

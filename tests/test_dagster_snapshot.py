@@ -34,8 +34,7 @@ def env(pg_module: Database, spark: Any, tmp_path_factory: pytest.TempPathFactor
         patch.setenv(DSN_VARIABLE, pg_module.dsn)
         with pg_module.connect() as conn:
             conn.execute(DDL)
-        write_dagster_config(folder / "cdc.yaml")
-        setup(load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: pg_module.dsn}))
+        setup(load_config(write_dagster_config(folder), environ={DSN_VARIABLE: pg_module.dsn}))
         with dg.instance_for_test(overrides=yaml.safe_load(DAGSTER_YAML)) as instance:
             yield DagsterEnv(pg_module, folder, instance)
 
@@ -77,11 +76,11 @@ def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEn
 
 
 def test_a_table_added_to_the_config_appears_on_reload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write_dagster_config(tmp_path / "cdc.yaml", tables=TABLES[:2])
+    path = write_dagster_config(tmp_path, tables=TABLES[:2])
     monkeypatch.setenv("CDC_CONFIG", str(path))
     monkeypatch.setenv(DSN_VARIABLE, "postgresql://unused")
     before = load_code_location()
-    write_dagster_config(path, tables=TABLES)
+    write_dagster_config(tmp_path, tables=TABLES)
     after = load_code_location()
     key = dg.AssetKey(["delta", "public", "notes"])
     assert key not in {spec.key for spec in before.resolve_all_asset_specs()}

@@ -11,8 +11,8 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 
+from tests.support.config_file import FILE_NAME
 from tests.support.dagster_env import DSN_VARIABLE, load_code_location
 from tests.support.database import Database
 from tests.test_dagster import create_source
@@ -30,18 +30,15 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> Any:
 
 
 def source_with_schedule(
-    db: Database, folder: Path, monkeypatch: pytest.MonkeyPatch, slot: str, schedule: dict[str, Any]
+    db: Database, folder: Path, monkeypatch: pytest.MonkeyPatch, slot: str, schedule: dict[str, Any], **sections: Any
 ) -> dg.Definitions:
-    """The three tables set up with a drain sensor's ``schedule``; the code location loaded on them."""
-    monkeypatch.setenv("CDC_CONFIG", str(folder / "cdc.yaml"))
+    """The three tables set up with a drain sensor's ``schedule`` (and ``sections``, e.g. ``drain``);
+    the code location loaded on them."""
+    monkeypatch.setenv("CDC_CONFIG", str(folder / FILE_NAME))
     monkeypatch.setenv(DSN_VARIABLE, db.dsn)
-    create_source(db, folder, slot=slot)
-    document = yaml.safe_load((folder / "cdc.yaml").read_text())
-    document["schedule"] = schedule
-    # a drain's logical message moves the slot past WAL that holds no published change (the
-    # scratch table's rows below), which would otherwise keep the lag up drain after drain
-    document["source"]["heartbeat"] = True
-    (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    # heartbeat: a drain's logical message moves the slot past WAL that holds no published change
+    # (the scratch table's rows below), which would otherwise keep the lag up drain after drain
+    create_source(db, folder, slot=slot, source={"heartbeat": True}, schedule=schedule, **sections)
     return load_code_location()
 
 
@@ -92,11 +89,8 @@ def test_the_schedule_starts_a_following_drain_only_when_none_runs_and_the_run_r
 
     monkeypatch.setattr(assets, "REPORT_INTERVAL_S", 0.0)
     folder = tmp_path / "follow"
-    defs = source_with_schedule(pg, folder, monkeypatch, "cdc_follow_slot", {})
-    document = yaml.safe_load((folder / "cdc.yaml").read_text())
-    document["drain"] = {"follow_seconds": FOLLOW_SECONDS, "commit_seconds": 0.5}
-    (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    defs = load_code_location()
+    drain = {"follow_seconds": FOLLOW_SECONDS, "commit_seconds": 0.5}
+    defs = source_with_schedule(pg, folder, monkeypatch, "cdc_follow_slot", {}, drain=drain)
     schedule = defs.resolve_schedule_def("cdc_drain_schedule")
     job = defs.resolve_job_def(schedule.job_name)
     tick_at = datetime(2026, 1, 5, tzinfo=UTC)

@@ -11,14 +11,13 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
-from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES, load_code_location
+from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES
 from tests.support.database import Database
 from tests.support.delta_read import difference, holds_key, rust_rows, source_rows, split_metadata
 from tests.support.pipeline import wait_until
@@ -132,11 +131,10 @@ def test_a_following_drain_run_merges_after_each_durable_batch_and_reports_each_
     committed during the run reaches its Delta table, and the mirror's materialization the
     instance, before the run ends."""
     folder = tmp_path / "following"
-    source_with_schedule(pg, folder, monkeypatch, "cdc_following_merges_slot", {"merge_with_drain": True})
-    document = yaml.safe_load((folder / "cdc.yaml").read_text())
-    document["drain"] = {"follow_seconds": FOLLOW_SECONDS, "commit_seconds": 0.5}
-    (folder / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
-    defs = load_code_location()
+    drain = {"follow_seconds": FOLLOW_SECONDS, "commit_seconds": 0.5}
+    defs = source_with_schedule(
+        pg, folder, monkeypatch, "cdc_following_merges_slot", {"merge_with_drain": True}, drain=drain
+    )
     config = load_config(folder / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
     notes = config.table(NOTES)
     job = defs.resolve_job_def("cdc_drain")

@@ -12,7 +12,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from dagster._core.test_utils import freeze_time
 from dagster._time import get_current_timestamp
 
@@ -35,11 +34,10 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
 ) -> None:
     monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
     monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
-    create_source(pg, tmp_path, slot=SLOT)
-    document = yaml.safe_load((tmp_path / "cdc.yaml").read_text())
-    document["schedule"] = {"freshness_minutes": FRESHNESS_MINUTES}
-    document["source"]["heartbeat"] = True  # every drain moves the checkpoint
-    (tmp_path / "cdc.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    # heartbeat: every drain moves the checkpoint
+    create_source(
+        pg, tmp_path, slot=SLOT, source={"heartbeat": True}, schedule={"freshness_minutes": FRESHNESS_MINUTES}
+    )
     config = load_config(tmp_path / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
     defs = load_code_location()
     table = config.table(TABLES[0])

@@ -33,15 +33,14 @@ from cdc_assets.faults import ENV as FAULT
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.pipeline.setup import setup
+from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
 from tests.support.oracle import assert_mirrors
 from tests.support.parity import compare_all, fast_spark, report
 from tests.support.pipeline import wait_until
-from tests.support.workload import Workload, write_workload_config
+from tests.support.workload import Workload, tables_section
 
 pytestmark = pytest.mark.slow
-
-DSN_VARIABLE = "CDC_SOURCE_DSN"
 
 
 @contextmanager
@@ -85,10 +84,9 @@ def damage(spark: Any, path: str, key: str) -> None:
 
 
 def pipeline(db: Database, folder: Path, schema: str, workload: Workload, tables: list[str]) -> Config:
-    source = {"dsn": "${" + DSN_VARIABLE + "}", "publication": f"{schema}_pub", "slot": schema}
-    return load_config(
-        write_workload_config(folder, source, [workload.qualified(t) for t in tables]), environ={DSN_VARIABLE: db.dsn}
-    )
+    source = {"publication": f"{schema}_pub", "slot": schema}
+    path = write_config(folder, tables_section([workload.qualified(t) for t in tables]), source=source)
+    return load_config(path, environ={DSN_VARIABLE: db.dsn})
 
 
 def test_online_snapshot_repairs_tables_while_the_others_keep_flowing(pg: Database, spark: Any, tmp_path: Path) -> None:

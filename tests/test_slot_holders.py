@@ -239,7 +239,7 @@ def test_the_drain_check_warns_with_the_pinning_transaction(
     pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     create_slot(pg)
-    path = write_dagster_config(tmp_path / "cdc.yaml", slot=SLOT)
+    path = write_dagster_config(tmp_path, source={"slot": SLOT})
     monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
     settings = load_settings(str(path))
     defs = build_definitions(settings)

@@ -14,11 +14,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.session import close_connect_sessions, is_connect
@@ -189,13 +187,6 @@ def test_differential_over_spark_connect(pg: Database, connect_server: RunningSe
     assert {"create", "MERGE"} <= writes, writes
 
 
-def remote_config(path: Path, address: str) -> None:
-    """``path`` (a test configuration file) with ``spark.remote`` in place of the master."""
-    document: dict[str, Any] = yaml.safe_load(path.read_text())
-    document["spark"] = {"remote": address}
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-
-
 @pytest.fixture(autouse=True)
 def classic_mode_restored() -> Iterator[None]:
     """A Connect session marks the whole process as Spark Connect (pyspark's
@@ -218,8 +209,7 @@ def test_dagster_sensor_merge_runs_over_spark_connect(
     folder = tmp_path / "dagster"
     monkeypatch.setenv("CDC_CONFIG", str(folder / "cdc.yaml"))
     monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
-    create_source(pg, folder)
-    remote_config(folder / "cdc.yaml", connect_server.address)
+    create_source(pg, folder, spark={"remote": connect_server.address})  # spark.remote in place of the master
     with dg.instance_for_test(overrides=DEMO_INSTANCE) as instance:
         env = DagsterEnv(pg, folder, instance)
         for minute, transactions in ((0, []), (5, ROUND_1)):

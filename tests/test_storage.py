@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import yaml
 from deltalake import write_deltalake
 
 from cdc_assets.apply.session import hadoop_version, session_settings
@@ -24,6 +23,7 @@ from cdc_assets.errors import ConfigError, StorageError
 from cdc_assets.storage import StorageConfig
 from cdc_sandbox.pgcluster import free_port
 from tests.support.bucket import Bucket
+from tests.support.config_file import write_config
 
 BASE = """
 source: {dsn: "host=h user=u password=dsn-secret"}
@@ -62,7 +62,7 @@ def test_storage_section_configures_every_client_and_hides_its_credentials() -> 
     assert not chain.uses_path_style and "AWS_ACCESS_KEY_ID" not in chain.delta_rs_options()
 
 
-def test_spark_gets_s3a_settings_and_jars_for_a_warehouse_on_s3() -> None:
+def test_spark_gets_s3a_settings_and_jars_for_a_warehouse_on_s3(tmp_path: Path) -> None:
     """With the warehouse on S3, the classic session starts with Hadoop's s3a settings from the same
     section (``s3://`` read by s3a too) and the hadoop-aws jar of pyspark's own Hadoop; its
     credentials stay out of the configuration's ``repr``. A local warehouse gets neither."""
@@ -73,7 +73,7 @@ def test_spark_gets_s3a_settings_and_jars_for_a_warehouse_on_s3() -> None:
     spark = config.spark  # type: ignore[attr-defined]
     assert spark.storage == config.storage  # type: ignore[attr-defined]
     assert KEY_ID not in repr(spark) and SECRET not in repr(spark)
-    settings = session_settings(spark)
+    settings = session_settings(replace(spark, conf={"spark.jars.ivy": str(tmp_path)}))  # nothing resolved yet
     assert {k: v for k, v in settings.items() if k.startswith("spark.hadoop.")} == {
         "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
@@ -96,7 +96,8 @@ def test_spark_gets_s3a_settings_and_jars_for_a_warehouse_on_s3() -> None:
     local = parse_config(BASE.replace("s3://lake/warehouse", "/data/warehouse"), origin=Path("/c.yaml"), environ={})
     assert local.spark.storage is None
     assert not any(k.startswith("spark.hadoop.") for k in session_settings(local.spark))
-    assert "hadoop-aws" not in session_settings(local.spark).get("spark.jars.packages", "")
+    local_jars = session_settings(local.spark)
+    assert "hadoop-aws" not in local_jars.get("spark.jars.packages", "") + local_jars.get("spark.jars", "")
     one_target = parse_config(
         BASE.replace("s3://lake/warehouse", "/w").replace("{public.t: {}}", "{public.t: {target: s3://lake/t}}"),
         origin=Path("/c.yaml"),
@@ -160,15 +161,14 @@ def test_an_unreachable_bucket_is_a_clear_error_that_shows_no_credential(bucket:
     """A Delta table in a bucket that does not exist, and a change log the server refuses: the
     command line says what and where (the location, the server's error code) in one line, no
     traceback, and neither key appears in it."""
-    document = {
-        "source": {"dsn": "${DSN}"},
-        "changelog": {"path": f"{bucket.uri}/changelog"},
-        "warehouse": {"path": "s3://no-such-bucket/warehouse"},
-        "storage": bucket.section(),
-        "tables": {"public.t": {}},
-    }
-    config = tmp_path / "cdc.yaml"
-    config.write_text(yaml.safe_dump(document))
+    config = write_config(
+        tmp_path,
+        ["public.t"],
+        source={"dsn": "${DSN}"},
+        changelog={"path": f"{bucket.uri}/changelog"},
+        warehouse={"path": "s3://no-such-bucket/warehouse"},
+        storage=bucket.section(),
+    )
     environ = {**os.environ, **bucket.environ(), "DSN": "host=127.0.0.1 port=1 dbname=none"}
     write_checkpoint(changelog_store(parse_config(config.read_text(), origin=config, environ=environ)), CHECKPOINT)
     done = subprocess.run(
@@ -194,15 +194,12 @@ def test_a_change_log_in_a_missing_bucket_is_named_as_such_not_as_a_log_never_se
 ) -> None:
     """``cdc-assets apply`` with ``changelog.path`` in a bucket that does not exist says so (not
     "run setup"), before starting Spark; an existing bucket without a checkpoint is "run setup"."""
-    document = {
+    sections = {
         "source": {"dsn": "${DSN}"},
-        "changelog": {"path": "s3://no-such-bucket/changelog"},
         "warehouse": {"path": f"{bucket.uri}/warehouse"},
         "storage": bucket.section(),
-        "tables": {"public.t": {}},
     }
-    config = tmp_path / "cdc.yaml"
-    config.write_text(yaml.safe_dump(document))
+    config = write_config(tmp_path, ["public.t"], changelog={"path": "s3://no-such-bucket/changelog"}, **sections)
     environ = {**os.environ, **bucket.environ(), "DSN": "host=127.0.0.1 port=1 dbname=none"}
 
     def apply() -> str:
@@ -218,6 +215,5 @@ def test_a_change_log_in_a_missing_bucket_is_named_as_such_not_as_a_log_never_se
         "cdc-assets: the change log at s3://no-such-bucket/changelog: bucket no-such-bucket does not exist"
         " (check changelog.path)"
     )
-    document["changelog"] = {"path": f"{bucket.uri}/changelog"}
-    config.write_text(yaml.safe_dump(document))
+    write_config(tmp_path, ["public.t"], changelog={"path": f"{bucket.uri}/changelog"}, **sections)
     assert apply().endswith("has no checkpoint: run `cdc-assets setup` first")

@@ -290,7 +290,7 @@ def ui(pg_module: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     folder = tmp_path_factory.mktemp("ui")
     with pg_module.connect() as conn:
         conn.execute(DDL)
-    config = write_dagster_config(folder / "cdc.yaml", cron=CRON, slot=SLOT)
+    config = write_dagster_config(folder, source={"slot": SLOT}, schedule={"drain_cron": CRON})
     setup(load_config(config, environ={DSN_VARIABLE: pg_module.dsn}))
 
     home = folder / "dagster_home"

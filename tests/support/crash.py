@@ -30,7 +30,6 @@ from typing import Any
 import psycopg
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-import yaml
 
 from cdc_assets.changelog.layout import (
     CHECKPOINT,
@@ -43,6 +42,7 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
+from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.pipeline import wait_until
 
 EVENTS = "public.events"
@@ -75,33 +75,19 @@ def write_ledger_config(
 ) -> Path:
     """The crash tests' ``cdc.yaml``; ``storage``: its ``storage`` section (``Bucket.section``);
     ``commit_seconds``: ``drain.commit_seconds``."""
-    path = directory / "cdc.yaml"
-    storage_section = yaml.safe_dump({"storage": storage}, sort_keys=False) if storage is not None else ""
-    if commit_seconds is not None:
-        storage_section += f"drain:\n  commit_seconds: {commit_seconds}\n"
-    path.write_text(
-        "source:\n"
-        "  dsn: ${CDC_SOURCE_DSN}\n"
-        f"  publication: {slot}_pub\n"
-        f"  slot: {slot}\n"
-        f"  batch_changes: {batch_changes}\n"
-        f"  streaming: '{streaming}'\n"
-        "changelog:\n"
-        f"  path: {changelog}\n"
-        "warehouse:\n"
-        "  path: ./warehouse\n"
-        f"{storage_section}"
-        "tables:\n"
-        f"  {EVENTS}: {{}}\n"
-        f"  {LEDGER}: {{}}\n",
-        encoding="utf-8",
+    return write_config(
+        directory,
+        [EVENTS, LEDGER],
+        source={"publication": f"{slot}_pub", "slot": slot, "batch_changes": batch_changes, "streaming": streaming},
+        changelog={"path": changelog},
+        storage=storage,
+        drain=None if commit_seconds is None else {"commit_seconds": commit_seconds},
     )
-    return path
 
 
 def _env(dsn: str, fault: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CDC_ASSETS_FAULT", "CDC_CONFIG")}
-    env["CDC_SOURCE_DSN"] = dsn
+    env[DSN_VARIABLE] = dsn
     if fault:
         env["CDC_ASSETS_FAULT"] = fault
     return env

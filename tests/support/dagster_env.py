@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import dagster as dg
-import yaml
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.execution.api import execute_run
 from dagster._core.launcher import LaunchRunContext, RunLauncher
@@ -39,12 +38,12 @@ from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
+from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
 from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
-DSN_VARIABLE = "CDC_SOURCE_DSN"
-SLOT = "cdc_slot"
+SLOT = SOURCE["slot"]
 TABLES = ("public.customers", "public.orders", "public.notes")
 ROW_FILTERS = {"public.orders": "status <> 'draft'"}
 MAINTENANCE = {"compact_min_files": 2, "purge_min_deletion_vectors": 1}  # due on these small tables
@@ -66,32 +65,13 @@ INSERT INTO public.notes SELECT i, 'note ' || i, i FROM generate_series(1, 3) i;
 """
 
 
-def config_document(
-    *,
-    dsn: str = "${" + DSN_VARIABLE + "}",
-    cron: str | None = None,
-    max_lag_bytes: int | None = None,
-    tables: Sequence[str] = TABLES,
-    slot: str = SLOT,
-) -> dict[str, Any]:
-    """A configuration file's content (paths relative to the file's folder)."""
-    document: dict[str, Any] = {
-        "source": {"dsn": dsn, "slot": slot, "publication": "cdc_pub"},
-        "changelog": {"path": "./changelog"},
-        "warehouse": {"path": "./warehouse", "maintenance": MAINTENANCE},
-        "spark": SPARK,
-        "tables": {t: ({"row_filter": ROW_FILTERS[t]} if t in ROW_FILTERS else {}) for t in tables},
-    }
-    schedule = {k: v for k, v in (("drain_cron", cron), ("max_lag_bytes", max_lag_bytes)) if v is not None}
-    if schedule:
-        document["schedule"] = schedule
-    return document
-
-
-def write_dagster_config(path: Path, **settings: Any) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config_document(**settings), sort_keys=False))
-    return path
+def write_dagster_config(folder: Path, *, tables: Sequence[str] = TABLES, **sections: Any) -> Path:
+    """The code location's ``cdc.yaml`` in ``folder`` (:func:`~tests.support.config_file.write_config`):
+    ``tables`` (``public.orders`` row-filtered), maintenance due on these small tables, :data:`SPARK`;
+    ``sections`` beside or in place of these (``source={"slot": …}``, ``schedule``, ``spark``, …)."""
+    defaults: dict[str, Any] = {"warehouse": {"maintenance": MAINTENANCE}, "spark": SPARK}
+    row_filtered = {t: ({"row_filter": ROW_FILTERS[t]} if t in ROW_FILTERS else {}) for t in tables}
+    return write_config(folder, row_filtered, **(defaults | sections))
 
 
 CODE_LOCATION_MODULE = "dagster_project.definitions"
@@ -151,7 +131,7 @@ class DagsterEnv:
 
     @property
     def config_path(self) -> Path:
-        return self.folder / "cdc.yaml"
+        return self.folder / FILE_NAME
 
     def config(self) -> Config:
         return load_config(self.config_path, environ={DSN_VARIABLE: self.db.dsn})

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cdc_assets.apply.runner import TableApplied, apply_tables, delta_target
 from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn
 from cdc_assets.changelog.planner import ChangePlan, plan_changes
@@ -24,6 +22,7 @@ from cdc_assets.names import TableName
 from cdc_assets.pgoutput.records import DeltaColumn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.setup import SetupResult, setup
+from tests.support.config_file import DSN_VARIABLE, FILE_NAME, write_config
 from tests.support.database import Database
 from tests.support.delta_read import (
     delta_version,
@@ -35,7 +34,6 @@ from tests.support.delta_read import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-DSN_VARIABLE = "CDC_SOURCE_DSN"
 CLI_SPARK = {
     "master": "local[1]",
     "conf": {
@@ -61,19 +59,18 @@ class Mirror:
     changelog: dict[str, Any] = field(default_factory=dict)  # ``changelog:`` settings beside the path
 
     def __post_init__(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        document = {
-            "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub", **self.source},
-            "changelog": {"path": "./changelog", **self.changelog},
-            "warehouse": {"path": "./warehouse", **self.warehouse},
-            "spark": CLI_SPARK,
-            "tables": self.tables,
-        }
-        self.config_path.write_text(yaml.safe_dump(document, sort_keys=False))
+        write_config(
+            self.folder,
+            self.tables,
+            source=self.source,
+            changelog=self.changelog,
+            warehouse=self.warehouse,
+            spark=CLI_SPARK,
+        )
 
     @property
     def config_path(self) -> Path:
-        return self.folder / "cdc.yaml"
+        return self.folder / FILE_NAME
 
     def config(self) -> Config:
         return load_config(self.config_path, environ={DSN_VARIABLE: self.db.dsn})

@@ -13,19 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.setup import SetupResult, setup
+from tests.support.config_file import DSN_VARIABLE, FILE_NAME, write_config
 from tests.support.database import Database
 from tests.support.oracle import Replica, assert_mirrors
 
 ROOT = Path(__file__).resolve().parents[2]
-DSN_VARIABLE = "CDC_SOURCE_DSN"
 
 
 def wait_until(
@@ -73,24 +71,16 @@ class Pipeline:
 
     @property
     def config_path(self) -> Path:
-        return self.folder / "cdc.yaml"
+        return self.folder / FILE_NAME
 
     @property
     def changelog(self) -> str:
         return str(self.folder / "changelog")
 
-    def document(self) -> dict[str, Any]:
-        return {
-            "source": {"dsn": "${" + DSN_VARIABLE + "}", "slot": "cdc_slot", "publication": "cdc_pub", **self.source},
-            "changelog": {"path": "./changelog", **self.changelog_settings},
-            "warehouse": {"path": "./warehouse"},
-            "tables": {t: {} for t in self.tables},
-        }
-
     def update_source(self, **source: Any) -> None:
         """Rewrite the file, with ``source`` settings changed (e.g. ``streaming="on"``)."""
         self.source.update(source)
-        self.config_path.write_text(yaml.safe_dump(self.document(), sort_keys=False))
+        write_config(self.folder, self.tables, source=self.source, changelog=self.changelog_settings)
 
     @property
     def environ(self) -> dict[str, str]:

@@ -50,11 +50,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
-import yaml
 from psycopg.types.json import Jsonb
 
 from cdc_assets.changelog.store import LogStore
@@ -1034,20 +1032,10 @@ def log_coverage(changelog: str | LogStore) -> dict[str, dict[str, int]]:
     return out
 
 
-def write_workload_config(folder: Path, source: dict[str, Any], tables: list[str], **sections: Any) -> Path:
-    """``folder/cdc.yaml`` for the workload's ``tables`` (``schema.table``; the filtered ones with
-    their row filter): ``source``, the change log and warehouse in ``folder``, and ``sections``."""
-    folder.mkdir(parents=True, exist_ok=True)
-    document = {
-        "source": source,
-        "changelog": {"path": "./changelog"},
-        "warehouse": {"path": "./warehouse"},
-        **sections,
-        "tables": {
-            table: ({"row_filter": FILTERED[table.split(".", 1)[1]]} if table.split(".", 1)[1] in FILTERED else {})
-            for table in tables
-        },
+def tables_section(tables: list[str]) -> dict[str, dict[str, str]]:
+    """The ``tables`` section (:func:`tests.support.config_file.write_config`) for the workload's
+    ``tables`` (``schema.table``): the filtered ones with their row filter."""
+    return {
+        table: ({"row_filter": FILTERED[table.split(".", 1)[1]]} if table.split(".", 1)[1] in FILTERED else {})
+        for table in tables
     }
-    path = folder / "cdc.yaml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    return path

@@ -59,7 +59,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             *drain_sensors,
             *(build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables),
         ],
-        executor=dg.multiprocess_executor.configured({"max_concurrent": config.spark.parallel_merges}),
+        executor=dg.multiprocess_executor.configured({"max_concurrent": config.schedule.run_max_concurrent}),
         resources={
             "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),
             "spark": SparkResource(

@@ -60,6 +60,15 @@ def test_merge_with_drain_is_a_flag() -> None:
         parse(EXAMPLE + "schedule: {merge_with_drain: yes please}\n", CDC_SOURCE_DSN="x")
 
 
+def test_a_dagster_runs_concurrent_steps_and_the_parallel_merges_of_one_spark_are_two_settings() -> None:
+    defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x")
+    assert defaults.schedule.run_max_concurrent == 2 and defaults.spark.parallel_merges == 4
+    chosen = parse(EXAMPLE + "schedule: {run_max_concurrent: 6}\n", CDC_SOURCE_DSN="x")
+    assert chosen.schedule.run_max_concurrent == 6 and chosen.spark.parallel_merges == 4
+    with pytest.raises(ConfigError, match=r"schedule.run_max_concurrent: .*0"):
+        parse(EXAMPLE + "schedule: {run_max_concurrent: 0}\n", CDC_SOURCE_DSN="x")
+
+
 def test_table_names_quote_and_default_schema() -> None:
     assert TableName.parse("orders") == TableName("public", "orders")
     assert TableName.parse('"My ""Q"""."t"').sql == '"My ""Q"""."t"'

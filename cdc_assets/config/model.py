@@ -77,8 +77,8 @@ latency, not on the cores, so a few overlap well even on two cores."""
 @dataclass(slots=True, frozen=True)
 class SparkConfig:
     """``master`` for a classic session (``local[2]``, ``spark://…``), or ``remote`` for Spark Connect;
-    ``parallel_merges``: tables merged at once by one apply, each on its own session of the one
-    application; ``storage``: the ``storage`` section when a Delta table is on S3 (Spark reaches
+    ``parallel_merges``: tables merged at once by one apply or following drain, each on its own
+    session of the one application; ``storage``: the ``storage`` section when a Delta table is on S3 (Spark reaches
     it through s3a)."""
 
     master: str | None = "local[2]"
@@ -97,7 +97,11 @@ class ScheduleConfig:
     each table's merge sensor looks every ``merge_check_seconds``. ``merge_with_drain``: each drain
     run also merges every table the drain brought changes to (one run per cycle, not one per
     table; a following drain merges after each durable batch, as it goes). A mirror whose last
-    materialization is ``freshness_minutes`` old fails its freshness policy (warns at half)."""
+    materialization is ``freshness_minutes`` old fails its freshness policy (warns at half).
+    ``run_max_concurrent``: the steps one Dagster run executes at once (a run over several tables,
+    launched from the UI, merges that many tables side by side), each in a process of its own that
+    starts its own Spark unless ``spark.remote`` is set — not ``spark.parallel_merges``, which
+    counts sessions of one Spark application."""
 
     drain_cron: str = setting("*/5 * * * *", "cron")
     max_lag_bytes: int = setting(1 << 30, "positive")
@@ -106,6 +110,7 @@ class ScheduleConfig:
     merge_check_seconds: int = setting(30, "positive")
     merge_with_drain: bool = setting(False, "flag")
     freshness_minutes: int = setting(30, "positive")
+    run_max_concurrent: int = setting(2, "positive")
 
 
 @dataclass(slots=True, frozen=True)

@@ -53,6 +53,7 @@ def _slot(mirror: Mirror) -> Any:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pg_any", [15, 18], ids=["pg15", "pg18"], indirect=True)  # the oldest and the newest
 @pytest.mark.parametrize("ending", ["commit", "rollback", "prepared"])
 def test_a_following_drain_is_not_held_back_by_a_long_transaction(
     pg_any: Database, spark: Any, tmp_path: Path, ending: str

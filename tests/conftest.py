@@ -1,7 +1,8 @@
 """Shared fixtures: real PostgreSQL servers (one throwaway cluster per major version per test run).
 
 ``pg`` is a fresh database on the default server (``CDC_TEST_PG``, default 16); ``pg_any`` is
-parametrized over every version in ``CDC_TEST_PG_VERSIONS`` (default ``15,16,18``). Each test gets
+parametrized over every version in ``CDC_TEST_PG_VERSIONS`` (default ``15,16,18``; the versions
+other than the default are in the slow tier, so the quick tier runs each such test once). Each test gets
 its own database; its replication slots and the database are dropped afterwards. ``bucket`` is a
 new bucket on a real S3 API server (moto's, one per test run, started on first use).
 """
@@ -49,7 +50,9 @@ def pg_module(clusters: ClusterPool) -> Iterator[Database]:
     drop_database(db)
 
 
-@pytest.fixture(params=ALL_VERSIONS, ids=lambda v: f"pg{v}")
+@pytest.fixture(
+    params=[pytest.param(v, id=f"pg{v}", marks=() if v == DEFAULT_VERSION else pytest.mark.slow) for v in ALL_VERSIONS]
+)
 def pg_any(request: pytest.FixtureRequest, clusters: ClusterPool) -> Iterator[Database]:
     """A fresh database, once per PostgreSQL version under test."""
     db = create_database(clusters.get(request.param))

@@ -1,7 +1,7 @@
 """Applying the change log to Delta tables through PySpark, end to end: real PostgreSQL, the
 library API (``setup`` → ``drain`` → ``apply_tables``) on the shared Spark session, real Delta
 tables. Every Delta table is read with Spark and with delta-rs; both must agree and equal the
-source as the change log's own value conversion reads it (``tests/support/delta_read.py``).
+source as the change log's own value conversion reads it (``tests/support/mirror_diff.py``).
 
 Covered: PostgreSQL's documented row-filter example and every case of the UPDATE
 transformation, on a primary key, a composite key and REPLICA IDENTITY FULL; keyed merges with
@@ -32,10 +32,11 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
 from cdc_assets.source.lock import TableWriteLock
 from tests.support.database import Database
-from tests.support.delta_read import difference, holds_key
 from tests.support.mirror import Mirror
+from tests.support.mirror_diff import holds_key
 from tests.support.pipeline import wait_until
 from tests.support.records import INT8, KEY, T0, TEXT, ChangeLog, numeric_modifier, relation
+from tests.support.rows import difference
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ checkpoint as its applied LSN, and so must every table rebuilt from the compacte
 * After the last kill the writer stops, resolves what it left open and commits one transaction
   that touches every table (so every table has something to apply); one final sync runs through
   the library API on the shared Spark session; then the comparison of
-  ``tests/test_apply_differential.py`` (both readers, ``tests/support/parity.py``) and, per table,
+  ``tests/test_apply_differential.py`` (both readers, ``tests/support/mirror_diff.py``) and, per table,
   delta-rs ``transaction_version("cdc_assets:<slot>:<schema.table>")`` = the checkpoint LSN; then
   every table is rebuilt from the change log (its compacted base and what followed) and compared
   again.
@@ -76,7 +76,7 @@ from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.setup import setup
 from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
-from tests.support.parity import compare_all, fast_spark, read_delta_rs, report
+from tests.support.mirror_diff import compare_all, fast_spark, report, rust_table
 from tests.support.pipeline import wait_until
 from tests.support.workload import Workload, tables_section
 
@@ -420,7 +420,7 @@ def _check_after_kill(config: Config, applied_before: dict[str, int]) -> None:
         lsn = applied_lsn(path, app_id(config.source.slot, name))
         if lsn is None:
             continue
-        read_delta_rs(path)
+        rust_table(path)
         assert lsn <= checkpoint.lsn, (
             f"{name}: applied LSN {format_lsn(lsn)} past the checkpoint {format_lsn(checkpoint.lsn)}"
         )

@@ -16,7 +16,7 @@ Per seed (``tests/support/workload.py`` says what the workload does):
    by an extra drain without an apply, so one apply covers several drains;
 4. after every non-final sync the Delta tables are compared with the source through delta-rs
    (cheap; the tables must equal the source then too — nothing is being written during a sync);
-   after the final sync through both Spark and delta-rs (``tests/support/parity.py``: the
+   after the final sync through both Spark and delta-rs (``tests/support/mirror_diff.py``: the
    source read through the change log's own value conversion, multisets of exact values,
    ``_cdc_*`` columns ignored, the two readers compared with each other as well).
 
@@ -54,7 +54,7 @@ from dagster_project.settings import load_settings
 from tests.support.bucket import Bucket
 from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
-from tests.support.parity import compare_all, fast_spark, report
+from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.workload import Workload, WorkloadStats, log_coverage, tables_section
 
 pytestmark = pytest.mark.slow  # not in the quick tier

@@ -31,10 +31,12 @@ import pyspark
 import pytest
 
 from cdc_assets.apply.session import delta_package
+from cdc_assets.config import load_config
 from cdc_sandbox.pgcluster import free_port
 from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
-from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
+from tests.support.mirror_diff import assert_delta_equals_source
+from tests.support.rows import split_metadata
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
@@ -189,18 +191,16 @@ def _cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProc
     return result
 
 
-def _assert_mirrors(db: Database, warehouse: Path) -> dict[str, int]:
-    """Every Delta table equals its source (after its row filter); returns the row counts."""
+def _assert_delta_equals_source(db: Database, config: Path) -> dict[str, int]:
+    """Every Delta table equals its source (after its row filter), every row with its LSN;
+    returns the row counts."""
     counts = {}
     with db.connect() as conn:
-        for table, row_filter in TABLES.items():
-            schema, name = table.split(".")
-            delta, meta = split_metadata(rust_rows(str(warehouse / schema / name)))
-            expected = source_rows(conn, table, row_filter)
-            problem = difference(delta, expected, ("delta", "source"))
-            assert not problem, f"{table} on the cluster differs from its source:\n{problem}"
-            assert all(m.get("_cdc_lsn") is not None for m in meta), f"{table}: rows without their LSN"
-            counts[table] = len(delta)
+        read = assert_delta_equals_source(conn, load_config(config, environ={DSN_VARIABLE: db.dsn}))
+    for table, rows in read.items():
+        delta, meta = split_metadata(rows)
+        assert all(m.get("_cdc_lsn") is not None for m in meta), f"{table}: rows without their LSN"
+        counts[table] = len(delta)
     return counts
 
 
@@ -254,7 +254,7 @@ def test_sync_on_standalone_cluster(pg: Database, tmp_path: Path, cluster: Stand
             conn.execute("UPDATE orders SET total = total + 1 WHERE id IN (5001, 5002)")
     first = _cli("sync", env=env, cwd=folder)
     assert "drained" in first.stdout, first.stdout
-    counts = _assert_mirrors(pg, folder / "warehouse")
+    counts = _assert_delta_equals_source(pg, config)
     assert counts["public.customers"] == 350, counts
 
     with pg.connect() as conn:  # round 2: key changes, a delete of a changed key, mixed transactions
@@ -267,7 +267,7 @@ def test_sync_on_standalone_cluster(pg: Database, tmp_path: Path, cluster: Stand
             conn.execute("INSERT INTO orders VALUES (6001, 9, 'placed', 99.99, now(), 'late')")
         conn.execute("UPDATE orders SET status = 'shipped' WHERE status = 'placed' AND id % 4 = 1")
     _cli("sync", env=env, cwd=folder)
-    counts = _assert_mirrors(pg, folder / "warehouse")
+    counts = _assert_delta_equals_source(pg, config)
     assert counts["public.customers"] == 349, counts
 
     # The work ran on the cluster: both syncs registered with the master as applications that

@@ -69,8 +69,9 @@ from tests.support.dagster_env import (
     write_dagster_config,
 )
 from tests.support.database import Database
-from tests.support.delta_read import canonical, difference, rust_table
+from tests.support.mirror_diff import rust_table
 from tests.support.pipeline import wait_until
+from tests.support.rows import difference, multiset
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SECRET_DSN = "postgresql://cdc_reader:Sup3r-S3cret-Pw@db.example.internal:5432/shop"
@@ -275,7 +276,7 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         assert tick.cursor == str(env.checkpoint_lsn())
         assert env.defs.resolve_job_def(tick.sensor.job_name).executor_def.name == "in_process"
     results = merge_requested(env, ticks)
-    env.assert_mirrors()
+    env.assert_delta_equals_source()
     for table, result in results.items():
         assert result.dagster_run.tags["cdc/table"] == table.replace(".", "__")  # the merge job's tag
         metadata = materialization(result, MIRROR_KEYS[table])
@@ -314,7 +315,7 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
             assert "already requested" in again[table].skip_message
 
         results = merge_requested(env, ticks)
-        env.assert_mirrors()
+        env.assert_delta_equals_source()
         for table, result in results.items():
             metadata = materialization(result, MIRROR_KEYS[table])
             assert counts(metadata) == merged[table], (table, metadata)
@@ -370,7 +371,7 @@ def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: Da
         after = rust_table(env.path(table)).to_pylist()
         problem = difference(after, before[table], ("rebuilt", "incrementally merged"))
         assert not problem, f"{table}: the rebuild differs from the incremental merges:\n{problem}"
-        env.assert_mirrors([table])
+        env.assert_delta_equals_source([table])
         assert env.applied(table) == checkpoint  # the change log's checkpoint, as a merge would record it
         assert env.version(table) > versions[table] + 1  # the damage, then the rebuild's commit
         rebuilt = materialization(result, REBUILD_KEY)
@@ -429,7 +430,7 @@ def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: Da
         assert "differs from its source" in (failed.description or "")
     finally:  # undo the damage with Delta's time travel (the applied LSN is untouched by both)
         DeltaTable.forPath(spark, env.path(ORDERS)).restoreToVersion(version)
-    env.assert_mirrors([ORDERS])
+    env.assert_delta_equals_source([ORDERS])
 
     # A lag bound smaller than the lag: the same check, built from a file with a 1-byte bound.
     strict = write_dagster_config(env.folder, schedule={"max_lag_bytes": 1}, name="cdc-strict.yaml")
@@ -523,7 +524,7 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     for day in (first, last):
         got = [history_view(r, "before", "after") for r in held[day]]
         want = [history_view(r, "old", "new") for r in log[day]]
-        assert canonical(got) == canonical(want), (day, got, want)
+        assert multiset(got) == multiset(want), (day, got, want)
     # The same changes, by hand: operations, images before and after, in commit order.
     ordered = {day: [(r["_cdc_op"], r["before"], r["after"]) for r in sorted(held[day], key=lambda r: (r["_cdc_commit_lsn"], r["_cdc_position"]))]
                for day in (first, last)}  # fmt: skip
@@ -540,7 +541,7 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     # The backfill again: every partition the same.
     assert backfill() == {first: 3, empty: 0, last: 2}
     again = partitions()
-    assert {d: canonical(rows) for d, rows in again.items()} == {d: canonical(rows) for d, rows in held.items()}
+    assert {d: multiset(rows) for d, rows in again.items()} == {d: multiset(rows) for d, rows in held.items()}
     assert env.instance.get_materialized_partitions(history.key) == {d.isoformat() for d in days}
 
 
@@ -579,7 +580,7 @@ def test_maintenance_asset_compacts_a_table_beside_its_mirror_in_its_pool(env: D
     assert metadata["size_mb"] == round(after.bytes / 1e6, 3) and metadata["vacuumed_files"] == 0
     assert metadata["delta_version"] == after.version == env.version(CUSTOMERS) > before.version
     assert metadata["applied_lsn"] == format_lsn(applied) == format_lsn(env.applied(CUSTOMERS))  # type: ignore[arg-type]
-    env.assert_mirrors()
+    env.assert_delta_equals_source()
     assert all(not tick.run_requests for tick in env.evaluate_sensors().values())  # nothing to merge again
 
 

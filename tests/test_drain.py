@@ -36,8 +36,9 @@ from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.stream.options import max_proto_version
 from cdc_assets.stream.upto import UptoCut
 from tests.support.database import Database
-from tests.support.oracle import replay, to_python
+from tests.support.oracle import replay
 from tests.support.pipeline import Pipeline, wait_until
+from tests.support.rows import to_python
 
 XID = "SELECT pg_current_xact_id()::text::int8"
 RANDOM_20K = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 640))"
@@ -125,7 +126,7 @@ def stream_starts(db: Database, streaming: str) -> int:
 
 def records(pipe: Pipeline, table: str) -> list[dict[str, Any]]:
     """The table's change records as dicts (dates and timestamps out of Python's range as
-    :class:`~tests.support.oracle.OutOfRange`)."""
+    :class:`~tests.support.rows.OutOfRange`)."""
     out: list[dict[str, Any]] = []
     for chunk in pipe.reader.read_changes(table):
         columns = {name: to_python(chunk.records.column(name)) for name in chunk.records.column_names}

@@ -25,8 +25,8 @@ from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.config import MaintenanceConfig
 from cdc_assets.lsn import format_lsn
 from tests.support.database import Database
-from tests.support.delta_read import difference
 from tests.support.mirror import Mirror
+from tests.support.rows import difference
 
 TABLE = "public.m"
 DAY_S = 24 * 3600

@@ -17,9 +17,9 @@ from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
-from tests.support.dagster_env import DSN_VARIABLE, ROW_FILTERS, TABLES
+from tests.support.dagster_env import DSN_VARIABLE, TABLES
 from tests.support.database import Database
-from tests.support.delta_read import difference, holds_key, rust_rows, source_rows, split_metadata
+from tests.support.mirror_diff import assert_delta_equals_source, holds_key
 from tests.support.pipeline import wait_until
 from tests.test_drain_sensor import source_with_schedule
 
@@ -51,11 +51,8 @@ def materialized(result: dg.ExecuteInProcessResult) -> set[str]:
 
 
 def assert_equal_to_source(db: Database, config: Config) -> None:
-    for table in TABLES:
-        delta, _ = split_metadata(rust_rows(config.target_path(config.table(table))))
-        with db.connect() as conn:
-            problem = difference(delta, source_rows(conn, table, ROW_FILTERS.get(table)), ("Delta", "the source"))
-        assert not problem, f"{table}: {problem}"
+    with db.connect() as conn:
+        assert_delta_equals_source(conn, config, TABLES)
 
 
 def test_a_drain_run_merges_the_tables_it_brought_changes_to(

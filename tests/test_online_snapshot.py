@@ -35,8 +35,8 @@ from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.pipeline.setup import setup
 from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
+from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.oracle import assert_mirrors
-from tests.support.parity import compare_all, fast_spark, report
 from tests.support.pipeline import wait_until
 from tests.support.workload import Workload, tables_section
 

@@ -28,9 +28,9 @@ from cdc_assets.source.parallel_copy import ParallelCopy
 from cdc_assets.source.snapshot import SnapshotReader
 from tests.support.copied import KeptBlocks, sent_rows, typed_rows
 from tests.support.database import Database
-from tests.support.oracle import read_source_text
 from tests.support.peek import create_slot, peek_decoded, pgoutput_options
 from tests.support.pipeline import Pipeline, wait_until
+from tests.support.rows import read_source_text
 
 # Values a copy must carry exactly: quotes, commas, line breaks inside values, backslashes, a lone
 # "\." (the end-of-data marker of text COPY), the empty string beside NULL, non-ASCII; arrays,

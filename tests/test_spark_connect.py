@@ -218,7 +218,7 @@ def test_dagster_sensor_merge_runs_over_spark_connect(
             ticks = env.evaluate_sensors()
             assert requested(ticks), {t: tick.skip_message for t, tick in ticks.items()}
             results = merge_requested(env, ticks)
-            env.assert_mirrors()
+            env.assert_delta_equals_source()
             for table, result in results.items():
                 metadata = materialization(result, MIRROR_KEYS[table])
                 assert metadata["applied_lsn"] == format_lsn(env.checkpoint_lsn()) == format_lsn(env.applied(table))

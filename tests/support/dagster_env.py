@@ -10,7 +10,7 @@ with cursors kept between ticks) and executes the run requests in-process agains
 on the test run's one Spark session (the code location's ``SparkResource`` calls ``getOrCreate``).
 
 Delta tables are read with delta-rs (no Spark) and compared with ``SELECT *`` of the source read
-the way the change log reads it (``tests/support/delta_read.py``).
+the way the change log reads it (``tests/support/mirror_diff.py``).
 
 :class:`ThreadRunLauncher` is a run launcher for the real run queue: the queue daemon dequeues a
 run (pools permitting) and the launcher executes it in a thread of this process, or holds it
@@ -40,7 +40,8 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
-from tests.support.delta_read import difference, rust_rows, source_rows, split_metadata
+from tests.support.mirror_diff import assert_delta_equals_source, rust_rows
+from tests.support.rows import source_rows, split_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOT = SOURCE["slot"]
@@ -219,10 +220,9 @@ class DagsterEnv:
         with self.db.connect() as conn:
             return source_rows(conn, table, ROW_FILTERS.get(table))
 
-    def assert_mirrors(self, tables: Sequence[str] = TABLES) -> None:
-        for table in tables:
-            problem = difference(self.delta_rows(table), self.source_rows(table), ("Delta", "the source"))
-            assert not problem, f"{table}: Delta differs from the source:\n{problem}"
+    def assert_delta_equals_source(self, tables: Sequence[str] = TABLES) -> None:
+        with self.db.connect() as conn:
+            assert_delta_equals_source(conn, self.config(), tables)
 
 
 def _sensor_table(name: str) -> str:

@@ -24,14 +24,8 @@ from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.setup import SetupResult, setup
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, write_config
 from tests.support.database import Database
-from tests.support.delta_read import (
-    delta_version,
-    difference,
-    rust_table,
-    source_rows,
-    spark_table,
-    split_metadata,
-)
+from tests.support.mirror_diff import delta_version, rust_table, spark_table
+from tests.support.rows import difference, source_rows, split_metadata, table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI_SPARK = {
@@ -172,7 +166,7 @@ class Mirror:
         path = self.path(table)
         by_spark = spark_table(self.spark, path)
         by_rust = rust_table(path)
-        spark_rows, rust_rows = by_spark.to_pylist(), by_rust.to_pylist()
+        spark_rows, rust_rows = table_rows(by_spark), table_rows(by_rust)
         problem = difference(spark_rows, rust_rows, ("Spark", "delta-rs"))
         assert not problem, f"{table}: Spark and delta-rs read different rows:\n{problem}"
         assert by_rust.column_names == by_spark.column_names, (by_spark.column_names, by_rust.column_names)

@@ -35,92 +35,31 @@ records out of commit order in the log (invariant 1), two records at the same
 row also delivered as a change: an inconsistent snapshot), an update or delete of a row the oracle
 does not hold, an unchanged-TOAST column whose previous value is unknown.
 
-**Comparing with the source** (:func:`source_rows`, :func:`diff_source`): ``SELECT *`` is read with
-every column passed through its type's output function (``typoutput``), inside a transaction with
-the drain's pinned settings (``PINNED_SETTINGS``) — the text pgoutput sends and the snapshot copies —
-and converted with the same ``column_converter`` the change log uses, special values included. So
-both sides are exact Arrow/Python values of the same type (no float rounding, no time-zone or
-JSON re-serialisation, no Decimal/scale games) and a difference is a difference in the data the
-log carried, never in how two libraries render a value. What this cannot catch is a converter that
-maps two different texts to the same value; the value converters have their own server tests.
-Floats compare by their exact bits (``-0.0`` is not ``0.0``; NaN equals NaN).
-
-``SELECT *`` shows every column; the log holds published columns only, so compare tables without
-column lists and, before PostgreSQL 18, without generated columns.
+**Comparing with the source** (:func:`diff_source`, :func:`assert_mirrors`): the replayed rows
+against ``SELECT *`` read as the change log's own values (:func:`tests.support.rows.source_values`:
+each column's output-function text under the drain's pinned settings, through the same
+``column_converter``, special values included), compared as exact multisets
+(:func:`tests.support.rows.row_differences`, floats by their bits). So a difference is a
+difference in the data the log carried, never in how two libraries render a value. What this
+cannot catch is a converter that maps two different texts to the same value; the value
+converters have their own server tests.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-import pyarrow as pa
-from psycopg.types.string import ByteaBinaryLoader
 
 from cdc_assets.changelog.checkpoint import TableState
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.names import TableName
 from cdc_assets.pgoutput.schema import RelationSchema
-from cdc_assets.pgoutput.types import TypeCatalog
-from cdc_assets.pgoutput.values import column_converter
-from cdc_assets.source import PINNED_SETTINGS, load_type_catalog
+from tests.support.rows import Row, SourceValues, Special, cut, freeze, row_differences, source_values, to_python
 
-CSTRING_OID = 2275
 MAX_DIFF_LINES = 25
-
-
-@dataclass(slots=True, frozen=True)
-class Special:
-    """A value the Arrow type cannot hold, as PostgreSQL's exact text (``NaN`` in numeric(10,2))."""
-
-    text: str
-
-
-@dataclass(slots=True, frozen=True)
-class OutOfRange:
-    """A date or timestamp Python cannot represent (``infinity`` is int64 max, BC dates, …), as its
-    Arrow type and integer value."""
-
-    type: str
-    value: int
-
-
-Row = dict[str, Any]
-
-
-def to_python(array: pa.Array | pa.ChunkedArray) -> list[Any]:
-    """``array.to_pylist()``, except that dates and timestamps outside Python's range become
-    :class:`OutOfRange` instead of failing."""
-    if isinstance(array, pa.ChunkedArray):
-        return [v for chunk in array.chunks for v in to_python(chunk)]
-    try:
-        return array.to_pylist()
-    except (OverflowError, ValueError):
-        pass
-    t = array.type
-    valid = array.is_valid().to_pylist()
-    if pa.types.is_struct(t):
-        fields = [to_python(array.field(i)) for i in range(t.num_fields)]
-        names = [t.field(i).name for i in range(t.num_fields)]
-        return [dict(zip(names, values)) if ok else None for ok, *values in zip(valid, *fields)]
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        offsets = array.offsets.to_pylist()
-        values = to_python(array.values)
-        return [values[a:b] if ok else None for ok, a, b in zip(valid, offsets, offsets[1:])]
-    if pa.types.is_timestamp(t) or pa.types.is_date(t):
-        raw = array.cast(pa.int64() if pa.types.is_timestamp(t) else pa.int32()).to_pylist()
-        out = []
-        for ok, value in zip(valid, raw):
-            try:
-                out.append(pa.scalar(value, t).as_py() if ok else None)
-            except (OverflowError, ValueError):
-                out.append(OutOfRange(str(t), value))
-        return out
-    return array.to_pylist()
 
 
 @dataclass(slots=True)
@@ -164,7 +103,7 @@ class Replica:
 # --- replay -------------------------------------------------------------------------------
 
 
-def identity_key(schema: RelationSchema) -> tuple[str, ...]:
+def replay_key(schema: RelationSchema) -> tuple[str, ...]:
     """The columns rows are keyed by: the replica-identity key, none under FULL (whole-row match)
     or without a key."""
     return () if schema.replica_identity == "f" else schema.key_columns
@@ -262,7 +201,7 @@ def _change_schema(table: TableReplica, schema: RelationSchema) -> None:
                 row.pop(column, None)
     else:
         held = []
-    key = identity_key(schema)
+    key = replay_key(schema)
     if table.schema is None or key != table.key:
         table.keyed, table.bag = {}, []
         for row in held:
@@ -336,140 +275,28 @@ def _required(image: Row | None, where: str) -> Row:
 
 def _key(row: Row | None, columns: Sequence[str]) -> tuple[Any, ...]:
     assert row is not None
-    return tuple(freeze_exact(row.get(c)) for c in columns)
+    return tuple(freeze(row.get(c)) for c in columns)
 
 
 def _take_equal(bag: list[Row], old: Row | None) -> Row | None:
     """Remove and return one row equal to ``old`` on ``old``'s columns."""
     assert old is not None
-    wanted = {c: freeze_exact(v) for c, v in old.items()}
+    wanted = {c: freeze(v) for c, v in old.items()}
     for i, row in enumerate(bag):
-        if all(freeze_exact(row.get(c)) == v for c, v in wanted.items()):
+        if all(freeze(row.get(c)) == v for c, v in wanted.items()):
             return bag.pop(i)
     return None
 
 
-def freeze_exact(value: Any) -> Any:
-    """A hashable, self-equal, exact form of a value: lists → tuples, dicts → item tuples, floats
-    → their hex form (NaN equals NaN, -0.0 differs from 0.0)."""
-    if isinstance(value, float):
-        return ("float", value.hex() if not math.isnan(value) else "nan")
-    if isinstance(value, list):
-        return tuple(freeze_exact(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, freeze_exact(v)) for k, v in value.items())
-    return value
+# --- the change log against the source ----------------------------------------------------------
 
 
-# --- the source side -------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class SourceTable:
-    columns: tuple[str, ...]
-    rows: list[Row]
-
-
-_COLUMNS = """
-SELECT a.attname::text, a.atttypid::int8, a.atttypmod, a.attndims, t.typoutput::regproc::text
-FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum
-"""
-
-
-def read_source_text(conn: psycopg.Connection[Any], name: TableName, where: str | None = None) -> SourceText:
-    """``SELECT *`` of ``name`` (``WHERE where``) as each column's output function text, under the
-    drain's pinned settings, in its own transaction (``conn`` must be in autocommit mode)."""
-    with conn.transaction():
-        conn.execute(
-            "SELECT set_config(name, value, true) FROM unnest(%s::text[], %s::text[]) AS s(name, value)",
-            (list(PINNED_SETTINGS), list(PINNED_SETTINGS.values())),
-        )
-        described = conn.execute(_COLUMNS, (name.sql,)).fetchall()
-        if not described:
-            raise AssertionError(f"table {name} does not exist in the source")
-        catalog = TypeCatalog.of(load_type_catalog(conn, [oid for _, oid, _, _, _ in described]))
-        select = ", ".join(
-            f'{output}("{column.replace(chr(34), chr(34) * 2)}")' for column, _, _, _, output in described
-        )
-        cursor = conn.cursor(binary=True)
-        cursor.adapters.register_loader(CSTRING_OID, ByteaBinaryLoader)
-        (partitioned,) = conn.execute(
-            "SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", (name.sql,)
-        ).fetchone()
-        # What PostgreSQL publishes under the name: a table's own rows (an inheritance child's
-        # changes are published under the child), a partitioned table's (published under its own
-        # name only via the partition root) every leaf's.
-        relation = name.sql if partitioned else f"ONLY {name.sql}"
-        fetched = cursor.execute(f"SELECT {select} FROM {relation}" + (f" WHERE {where}" if where else "")).fetchall()
-    return SourceText(described, catalog, fetched)
-
-
-@dataclass(slots=True)
-class SourceText:
-    """A source table read as text: its columns (name, type OID, typmod, ndims, output
-    function), its type catalog, and its rows."""
-
-    described: list[Any]
-    catalog: TypeCatalog
-    rows: list[Any]
-
-
-def source_rows(conn: psycopg.Connection[Any], table: str) -> SourceTable:
-    """``SELECT *`` of ``table`` as the change log's Python values (see the module docstring).
-
-    ``conn`` must be in autocommit mode; the read runs in its own transaction."""
-    name = TableName.parse(table)
-    source = read_source_text(conn, name)
-    described, catalog, fetched = source.described, source.catalog, source.rows
-    columns = tuple(column for column, *_ in described)
-    values: list[list[Any]] = []
-    for j, (_, oid, typmod, ndims, _) in enumerate(described):
-        raw = pa.array([row[j] for row in fetched], pa.binary())
-        converted = column_converter(oid, typmod, catalog, max(ndims, 1)).convert(raw, binary=False)
-        column = to_python(converted.array)
-        for i, text in converted.special.items():
-            column[i] = Special(text)
-        values.append(column)
-    rows = [{c: values[j][i] for j, c in enumerate(columns)} for i in range(len(fetched))]
-    return SourceTable(columns, rows)
-
-
-def diff_table(replica: TableReplica, source: SourceTable) -> list[str]:
+def diff_table(replica: TableReplica, source: SourceValues) -> list[str]:
     """Differences between the replayed table and the source rows, one line each."""
     lines: list[str] = []
     if tuple(replica.columns) != tuple(source.columns):
         lines.append(f"columns differ: change log {list(replica.columns)}, source {list(source.columns)}")
-    logged = replica.rows()
-    if replica.key:
-        mine = {_key(r, replica.key): r for r in logged}
-        theirs: dict[tuple[Any, ...], Row] = {}
-        for row in source.rows:
-            key = _key(row, replica.key)
-            if key in theirs:
-                lines.append(f"key {key} appears twice in the source (is {replica.key} really its key?)")
-            theirs[key] = row
-        for key in sorted(set(mine) | set(theirs), key=repr):
-            a, b = mine.get(key), theirs.get(key)
-            if a is None:
-                lines.append(f"key {key}: only in the source: {_show(b)}")
-            elif b is None:
-                lines.append(f"key {key}: only in the change log: {_show(a)}")
-            else:
-                for column in source.columns:
-                    if freeze_exact(a.get(column)) != freeze_exact(b.get(column)):
-                        lines.append(
-                            f"key {key}, column {column}: change log {_short(a.get(column))}, source {_short(b.get(column))}"
-                        )
-    else:
-        mine_bag = Counter(_frozen_row(r, source.columns) for r in logged)
-        theirs_bag = Counter(_frozen_row(r, source.columns) for r in source.rows)
-        for row, count in (theirs_bag - mine_bag).items():
-            lines.append(f"{count} x only in the source: {_short(dict(row))}")
-        for row, count in (mine_bag - theirs_bag).items():
-            lines.append(f"{count} x only in the change log: {_short(dict(row))}")
-    return lines
+    return lines + row_differences(replica.rows(), source.rows, ("the change log", "the source"), replica.key)
 
 
 def diff_source(replica: Replica, conn: psycopg.Connection[Any] | str, tables: Iterable[str]) -> str:
@@ -483,13 +310,10 @@ def diff_source(replica: Replica, conn: psycopg.Connection[Any] | str, tables: I
             if table not in replica.tables:
                 out.append(f"{table}: not in the change log")
                 continue
-            lines = diff_table(replica.tables[table], source_rows(connection, table))
+            lines = diff_table(replica.tables[table], source_values(connection, table))
             if lines:
-                more = len(lines) - MAX_DIFF_LINES
                 out.append(f"{table}: {len(lines)} difference(s)")
-                out.extend(f"  {line}" for line in lines[:MAX_DIFF_LINES])
-                if more > 0:
-                    out.append(f"  … and {more} more")
+                out.append(cut(lines, MAX_DIFF_LINES, indent="  "))
         return "\n".join(out)
     finally:
         if own:
@@ -504,16 +328,3 @@ def assert_mirrors(changelog: str, conn: psycopg.Connection[Any] | str, tables: 
     difference = diff_source(replica, conn, tables)
     assert not problems and not difference, f"change log anomalies:\n{problems}\ndifferences:\n{difference}"
     return replica
-
-
-def _frozen_row(row: Row, columns: Sequence[str]) -> tuple[tuple[str, Any], ...]:
-    return tuple((c, freeze_exact(row.get(c))) for c in columns)
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"
-
-
-def _show(row: Row | None) -> str:
-    return _short(row, 300)

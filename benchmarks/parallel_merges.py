@@ -14,7 +14,7 @@ the JVM spent meanwhile — with ``spark.parallel_merges`` 1
 (serial) or ``--parallel``, after one untimed round that warms the session up, the two taking
 turns in the order A B B A A B … so that a drift of the machine falls on both. The figure is the median apply of each setting and their ratio (target:
 parallel ≤ 0.6 × serial). Finally every Delta table is compared with its source
-(``cdc_assets.pipeline.parity.check_parity``). Output: the table of rounds and the verdict; ``--out``: JSON.
+(``cdc_assets.pipeline.parity.verify_table``). Output: the table of rounds and the verdict; ``--out``: JSON.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from cdc_assets.apply.runner import apply_tables
 from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
-from cdc_assets.pipeline.parity import check_parity
+from cdc_assets.pipeline.parity import verify_table
 from cdc_assets.pipeline.setup import setup
 
 PUBLICATION = "parallel_pub"
@@ -133,7 +133,7 @@ def main() -> int:
             for merges in (1, args.parallel)
         }
         ratio = medians[args.parallel] / medians[1]
-        parity = {name: check_parity(config, config.table(f"public.{name}"), spark).ok for name in names}
+        parity = {name: verify_table(config, config.table(f"public.{name}"), spark).parity.ok for name in names}
         print()
         print(
             common.table(

@@ -33,7 +33,7 @@ Spark) and the driver's heap after a full collection. A *control* tells the sess
 table's: a copy of the maintained table made after the initial apply, which only every
 ``--read-every`` cycles gets one MERGE of ``--changes`` updates on the same session — if its time
 rises too, what grows is the session, not the table.
-Finally both Delta tables are compared with the source (``cdc_assets.pipeline.parity.check_parity``).
+Finally both Delta tables are compared with the source (``cdc_assets.pipeline.parity.verify_table``).
 
 Output: ``soak.json`` (every figure; ``soak.partial.json`` every 50 cycles until then) and
 ``soak.png`` (the curves) in ``--out``, and the
@@ -67,7 +67,7 @@ from cdc_assets.apply.session import quiet_start, spark_session
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
-from cdc_assets.pipeline.parity import Parity, check_parity
+from cdc_assets.pipeline.parity import Parity, verify_table
 from cdc_assets.pipeline.setup import setup
 
 TABLE = "public.soak"
@@ -364,7 +364,7 @@ def main() -> int:
             for cycle in range(1, args.cycles + 1):
                 source.commit_changes(conn, args.changes, rng)
                 if cycle == args.bare_cycles + 1:
-                    parity["bare"] = check_parity(pipelines[1].config, pipelines[1].config.tables[0], spark)
+                    parity["bare"] = verify_table(pipelines[1].config, pipelines[1].config.tables[0], spark).parity
                     with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
                         admin.execute("SELECT pg_drop_replication_slot(%s)", (pipelines[1].config.source.slot,))
                 running = pipelines if cycle <= args.bare_cycles else pipelines[:1]
@@ -392,7 +392,7 @@ def main() -> int:
                         ),
                         flush=True,
                     )
-        parity["maintained"] = check_parity(pipelines[0].config, pipelines[0].config.tables[0], spark)
+        parity["maintained"] = verify_table(pipelines[0].config, pipelines[0].config.tables[0], spark).parity
         results = {p.name: summary(p) for p in pipelines}
         document = {
             "args": vars(args),

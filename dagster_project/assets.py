@@ -3,7 +3,7 @@ history partitioned by commit day, and, partitioned by table, the online snapsho
 from the change log.
 
 Keys: ``cdc/changelog``; ``delta/<schema>/<table>``; ``history/<schema>/<table>``; ``cdc/snapshot``;
-``cdc/rebuild``.
+``cdc/rebuild`` (``cdc/verify`` is in verify.py).
 Pools keep one drain per slot and one writer per Delta table at a time (set the pools' limit to 1:
 ``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
 """
@@ -103,7 +103,7 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
         def merged(applied: TableApplied) -> None:
             context.log.info(applied.summary())
             table = config.table(applied.table)
-            metadata = table_metadata(applied, _row_count(session, config, table))
+            metadata = table_metadata(applied, mirror_row_count(session, config, table))
             context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata=metadata))
 
         def durable(batch: DurableBatch) -> None:
@@ -207,7 +207,7 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         session = spark.session()
         result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
         context.log.info(result.summary())
-        yield dg.MaterializeResult(metadata=table_metadata(result, _row_count(session, config, table)))
+        yield dg.MaterializeResult(metadata=table_metadata(result, mirror_row_count(session, config, table)))
 
     return mirror
 
@@ -232,7 +232,7 @@ def table_metadata(result: TableApplied, rows: int | None) -> dict[str, dg.Metad
     return metadata
 
 
-def _row_count(session: object, config: Config, table: TableConfig) -> int | None:
+def mirror_row_count(session: object, config: Config, table: TableConfig) -> int | None:
     """The Delta table's rows: from its files' statistics (delta-rs, no Spark job), else counted."""
     target = delta_target(config, table, session)  # type: ignore[arg-type]
     if not target.exists():
@@ -306,7 +306,7 @@ def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
         session = spark.session()
         result = rebuild_table(config, table, session)
         context.log.info(f"rebuilt {result.summary()}")
-        metadata = table_metadata(result, _row_count(session, config, table))
+        metadata = table_metadata(result, mirror_row_count(session, config, table))
         context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata={**metadata, "rebuilt": True}))
         return dg.MaterializeResult(metadata=metadata)
 

@@ -20,12 +20,13 @@ from dagster_project.checks import build_held_wal_check, build_lag_check, build_
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
+from dagster_project.verify import build_verify_asset
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
     """The drain asset, its held-WAL check and its schedule; per table a mirror asset, a sensor, a
-    maintenance asset and its schedule, a history asset and checks; the snapshot and rebuild assets;
-    the resources."""
+    maintenance asset and its schedule, a history asset and checks; the snapshot, rebuild and verify
+    assets; the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
     start = _history_start(settings)
@@ -39,6 +40,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             changelog,
             build_snapshot_asset(settings),
             build_rebuild_asset(settings),
+            build_verify_asset(settings),
             *mirrors.values(),
             *maintenance.values(),
             *(build_history_asset(settings, table, start) for table in config.tables),

@@ -50,9 +50,12 @@ def app_id(slot: str, table: str) -> str:
     return f"cdc_assets:{slot}:{table}"
 
 
-def applied_lsn(path: str, app: str, storage_options: dict[str, str] | None = None) -> int | None:
-    """The change-log checkpoint a Delta table was last brought to (None: no table, or never)."""
-    table = _open(path, storage_options)
+def applied_lsn(
+    path: str, app: str, storage_options: dict[str, str] | None = None, version: int | None = None
+) -> int | None:
+    """The change-log checkpoint a Delta table (at ``version``: its latest by default) was last
+    brought to (None: no table, or never)."""
+    table = _open(path, storage_options, version)
     return None if table is None else table.transaction_version(app)
 
 
@@ -63,15 +66,22 @@ def table_applied_lsn(config: Config, table: TableConfig) -> int | None:
     )
 
 
+def latest_version(path: str, storage_options: dict[str, str] | None = None) -> int | None:
+    """The Delta table's latest version (None: there is no table)."""
+    table = _open(path, storage_options)
+    return None if table is None else table.version()
+
+
 def delta_table_exists(path: str, storage_options: dict[str, str] | None = None) -> bool:
     """Whether ``path`` holds a Delta table."""
     return _open(path, storage_options) is not None
 
 
-def _open(path: str, storage_options: dict[str, str] | None) -> RustDeltaTable | None:
-    """The Delta table at ``path`` read with delta-rs (None: there is none)."""
+def _open(path: str, storage_options: dict[str, str] | None, version: int | None = None) -> RustDeltaTable | None:
+    """The Delta table at ``path`` (at ``version``: its latest by default) read with delta-rs
+    (None: there is none)."""
     try:
-        return RustDeltaTable(path, storage_options=storage_options)
+        return RustDeltaTable(path, version=version, storage_options=storage_options)
     except TableNotFoundError:
         return None
     except OSError as error:
@@ -122,8 +132,10 @@ class DeltaTarget:
     def exists(self) -> bool:
         return delta_table_exists(self.path, self.storage_options)
 
-    def read(self) -> DataFrame:
-        return self.spark.read.format("delta").load(self.path)
+    def read(self, version: int | None = None) -> DataFrame:
+        """The table, at ``version`` (Delta's time travel) or its latest."""
+        reader = self.spark.read.format("delta")
+        return (reader if version is None else reader.option("versionAsOf", version)).load(self.path)
 
     def version(self) -> int:
         return self._table().version()

@@ -101,7 +101,8 @@ class ScheduleConfig:
     ``run_max_concurrent``: the steps one Dagster run executes at once (a run over several tables,
     launched from the UI, merges that many tables side by side), each in a process of its own that
     starts its own Spark unless ``spark.remote`` is set — not ``spark.parallel_merges``, which
-    counts sessions of one Spark application."""
+    counts sessions of one Spark application. The read-only ``parity`` check waits up to
+    ``parity_wait_seconds`` for the drain and the table's merge to pass its snapshot point."""
 
     drain_cron: str = setting("*/5 * * * *", "cron")
     max_lag_bytes: int = setting(1 << 30, "positive")
@@ -111,6 +112,7 @@ class ScheduleConfig:
     merge_with_drain: bool = setting(False, "flag")
     freshness_minutes: int = setting(30, "positive")
     run_max_concurrent: int = setting(2, "positive")
+    parity_wait_seconds: int = setting(300, "positive")
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,15 +1,22 @@
-"""Parity: does a Delta table equal its source? A check that is sound while the source keeps changing.
+"""Parity: does a Delta table equal its source? Checks that are sound while the source keeps changing.
 
-Comparing a live source with a table that lags behind it proves nothing, so the check freezes
-both at one point:
+Comparing a live source with a table that lags behind it proves nothing, so both sides are taken
+at one point. A temporary replication slot exports a snapshot at its consistent point ``C``: the
+snapshot holds exactly the transactions that committed before ``C`` (those whose commit record
+ends by ``C``, as the change log's end LSNs count). The source table is read in it (through the
+same conversions the change log uses) and reduced to a row count and a checksum. Then the
+mirror's state at ``C`` is found in one of two ways:
 
-1. A temporary replication slot exports a snapshot at its consistent point ``C``: the snapshot
-   holds exactly the transactions that committed before ``C``. The source table is read in it
-   (through the same conversions the change log uses) and reduced to a row count and a checksum.
-2. The change log is drained up to ``C`` and the table applied to the new checkpoint ``K``. Every
-   transaction that ended by ``C`` is in the log and none ends in ``(K, C]``, so the source as of
-   ``K`` is the source as of ``C``.
-3. The Delta table, now at ``K``, is reduced the same way.
+* :func:`read_parity` only reads. Once the change log's checkpoint has reached ``C`` (the
+  scheduled or following drain moves it), a Delta version ``v`` of the table holds the state at
+  ``C`` when the log has no change of the table between ``v``'s applied LSN ``a`` and ``C``
+  (in ``(a, C]`` when ``a < C``, in ``(C, a]`` when ``a > C``): ``v`` holds every change that ended
+  by ``a`` and no other, and none ended in between. That version is read with Delta's time travel.
+  Until such a version exists (the drain or the table's merge has not come by yet), it waits, up to
+  a bound; then it reports that it could not compare, never a difference.
+* :func:`verify_table` writes: it drains the log up to ``C`` and applies the table to the new
+  checkpoint ``K``. Every transaction that ended by ``C`` is in the log and none ends in ``(K, C]``,
+  so the source as of ``K`` is the source as of ``C``, and the table's latest version is compared.
 
 Both sides are hashed by the same Spark expression — the sum (as an exact decimal, so order and
 overflow don't matter) of ``xxhash64`` over every column of every row, duplicates included — on
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,16 +37,18 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc_assets.apply.runner import apply_table, delta_target
+from cdc_assets.apply.runner import TableApplied, apply_table, delta_target
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
+from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn, latest_version
 from cdc_assets.changelog.planner import latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, TableConfig
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
 from cdc_assets.pgoutput.records import ChangeChunk
 from cdc_assets.pgoutput.types import TypeCatalog
-from cdc_assets.pipeline.drain import drain
+from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.source import SnapshotReader, copy_again_when_rewritten, create_slot_with_snapshot, load_type_catalog
 from cdc_assets.transactions import CommitInfo, with_commit_columns
 
@@ -53,29 +63,133 @@ class Digest:
 
 @dataclass(slots=True, frozen=True)
 class Parity:
+    """A comparison of a table with its source at one point."""
+
     table: str
     snapshot_lsn: int  # the consistent point C the source was read at
-    applied_lsn: int | None  # the checkpoint K the Delta table was compared at
+    applied_lsn: int | None  # the applied LSN of the Delta version compared
     source: Digest
     delta: Digest
     columns: tuple[str, ...]
+    delta_version: int | None = None  # None: there was no Delta table
 
     @property
     def ok(self) -> bool:
         return self.source == self.delta
 
 
-def check_parity(config: Config, table: TableConfig, spark: SparkSession) -> Parity:
-    """Compare ``table``'s Delta table with its source at one point (see the module docstring)."""
-    snapshot_lsn, names, source = copy_again_when_rewritten(lambda: _source_digest(config, table, spark), lambda: None)
-    drain(config, wait=True, upto_lsn=snapshot_lsn)
+@dataclass(slots=True, frozen=True)
+class Uncompared:
+    """Why :func:`read_parity` could not compare a table at ``snapshot_lsn`` in its time."""
+
+    table: str
+    snapshot_lsn: int
+    reason: str
+
+
+@dataclass(slots=True, frozen=True)
+class Verification:
+    """What :func:`verify_table` wrote (its drain, the table's apply) and found."""
+
+    drained: DrainResult
+    applied: TableApplied
+    parity: Parity
+
+
+VERSIONS_SEARCHED = 50
+"""How many of a table's latest Delta versions :func:`read_parity` looks through for the state at ``C``."""
+
+
+def verify_table(config: Config, table: TableConfig, spark: SparkSession) -> Verification:
+    """Drain up to a snapshot point, apply ``table``, compare (see the module docstring); writes."""
+    snapshot_lsn, names, source = _source_at_snapshot(config, table, spark)
+    drained = drain(config, wait=True, upto_lsn=snapshot_lsn)
     reader = ChangeLogReader(changelog_store(config))
-    checkpoint = reader.checkpoint()
-    assert checkpoint is not None  # drain refuses a log that was never set up
-    apply_table(config, table, spark, reader, checkpoint.lsn)
+    applied = apply_table(config, table, spark, reader, reader.require_checkpoint().lsn)
     target = delta_target(config, table, spark)
-    delta = _digest(target.read().select(*[F.col(_q(n)) for n in names]), None) if target.exists() else Digest(0, 0)
-    return Parity(str(table.name), snapshot_lsn, target.applied_lsn(), source, delta, names)
+    version = target.version() if target.exists() else None
+    parity = _compare(target, table, snapshot_lsn, names, source, version, target.applied_lsn())
+    return Verification(drained, applied, parity)
+
+
+def read_parity(
+    config: Config, table: TableConfig, spark: SparkSession, *, wait_seconds: float, poll_seconds: float = 1.0
+) -> Parity | Uncompared:
+    """Compare ``table`` with its source at a snapshot point, reading only: the Delta version that
+    holds the state at that point, waiting up to ``wait_seconds`` for the drain and the table's
+    merge to bring one about (see the module docstring)."""
+    snapshot_lsn, names, source = _source_at_snapshot(config, table, spark)
+    target = delta_target(config, table, spark)
+    reader = ChangeLogReader(changelog_store(config))
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        found = _version_at(config, table, reader, snapshot_lsn)
+        if not isinstance(found, str):
+            version, applied = found
+            return _compare(target, table, snapshot_lsn, names, source, version, applied)
+        if time.monotonic() >= deadline:
+            return Uncompared(str(table.name), snapshot_lsn, f"{found} for {wait_seconds:g} s")
+        time.sleep(poll_seconds)
+
+
+def _version_at(
+    config: Config, table: TableConfig, reader: ChangeLogReader, snapshot_lsn: int
+) -> tuple[int | None, int | None] | str:
+    """The Delta version (None: no table, and none due) holding ``table`` as of ``snapshot_lsn``
+    and its applied LSN, or why there is none yet."""
+    name, at = str(table.name), format_lsn(snapshot_lsn)
+    checkpoint = reader.checkpoint()
+    if checkpoint is None or checkpoint.lsn < snapshot_lsn:
+        behind = "none" if checkpoint is None else format_lsn(checkpoint.lsn)
+        return f"the change log's checkpoint ({behind}) has not reached the snapshot point {at}"
+    state = checkpoint.tables.get(name)
+    path, app, options = config.target_path(table), app_id(config.source.slot, name), config.delta_storage_options
+
+    def quiet(low: int, high: int) -> bool:
+        if state is None or low == high:
+            return True
+        return reader.due_snapshot_run(state, low, high) is None and not any(
+            chunk.records.num_rows for chunk in reader.read_changes(name, low, high)
+        )
+
+    latest = applied_lsn(path, app, options)
+    if latest is None:
+        return (None, None) if quiet(-1, snapshot_lsn) else f"{name} has no Delta table with the changes up to {at}"
+    newest = latest_version(path, options)
+    assert newest is not None  # it has an applied LSN
+    for version in range(newest, max(newest - VERSIONS_SEARCHED, -1), -1):
+        applied = applied_lsn(path, app, options, version)
+        if applied is None:
+            break
+        if applied <= snapshot_lsn:
+            if quiet(applied, snapshot_lsn):
+                return version, applied
+            return f"{name}'s merge has not brought its changes up to {at} (applied {format_lsn(applied)})"
+        if quiet(snapshot_lsn, applied):
+            return version, applied
+    return f"none of {name}'s latest {VERSIONS_SEARCHED} Delta versions holds the state at {at}"
+
+
+def _compare(
+    target: DeltaTarget,
+    table: TableConfig,
+    snapshot_lsn: int,
+    names: tuple[str, ...],
+    source: Digest,
+    version: int | None,
+    applied: int | None,
+) -> Parity:
+    if version is None:
+        delta = Digest(0, 0)
+    else:
+        delta = _digest(target.read(version).select(*[F.col(_q(n)) for n in names]), None)
+    return Parity(str(table.name), snapshot_lsn, applied, source, delta, names, version)
+
+
+def _source_at_snapshot(config: Config, table: TableConfig, spark: SparkSession) -> tuple[int, tuple[str, ...], Digest]:
+    """The source's digest at a new snapshot point (read again if a rewrite of the table — a
+    ``VACUUM FULL``, a ``CLUSTER`` — raced the read)."""
+    return copy_again_when_rewritten(lambda: _source_digest(config, table, spark), lambda: None)
 
 
 def _source_digest(config: Config, table: TableConfig, spark: SparkSession) -> tuple[int, tuple[str, ...], Digest]:

@@ -1,4 +1,4 @@
-"""Where a drain up to an LSN stops in the stream (the parity check drains the log up to a
+"""Where a drain up to an LSN stops in the stream (cdc/verify drains the log up to a
 temporary slot's snapshot point)."""
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 from cdc_assets.apply.merge import _key_bounds, write_plan
+from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
 from cdc_assets.apply.runner import delta_target
-from cdc_assets.apply.session import session_settings
+from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
 from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
@@ -717,6 +718,28 @@ def test_the_driver_gets_a_code_cache_that_a_long_lived_session_does_not_fill() 
     assert session_settings(theirs)["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g -Dx=1"
     sized = SparkConfig(conf={"spark.driver.extraJavaOptions": "-XX:ReservedCodeCacheSize=2g -Dx=1"})
     assert session_settings(sized)["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=2g -Dx=1"
+
+
+def test_a_start_passes_the_jars_an_earlier_start_resolved_and_resolves_again_when_one_is_gone(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Ivy resolves Delta's package at every start (~3 s even with every jar cached): the jars a
+    start resolved are recorded beside Ivy's cache, and a later start passes them as ``spark.jars``
+    while every one of them is still there."""
+    jars = spark.sparkContext.getConf().get("spark.jars")  # resolved by Ivy, or passed from the record
+    assert "delta-spark" in jars
+    assert recorded_jars(f"{delta_package()},{hadoop_aws_package()}", DEFAULT_IVY_HOME) == jars.split(",")
+    config = SparkConfig(conf={"spark.jars.ivy": str(tmp_path)})
+    first = session_settings(config)
+    assert first["spark.jars.packages"] == delta_package() and "spark.jars" not in first
+    jar = tmp_path / "jars" / "io.delta_delta-spark.jar"
+    jar.parent.mkdir()
+    jar.write_bytes(b"")
+    record_jars(delta_package(), tmp_path, f"file://{jar}")
+    again = session_settings(config)
+    assert again["spark.jars"] == f"file://{jar}" and "spark.jars.packages" not in again
+    jar.unlink()  # a cleaned cache: resolve again
+    assert session_settings(config)["spark.jars.packages"] == delta_package()
 
 
 @pytest.mark.slow

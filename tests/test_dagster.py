@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -55,6 +56,7 @@ from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
 from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
 from dagster_project.settings import load_settings
+from dagster_project.verify import VERIFY_KEY
 from tests.support.commit_time import commit_at
 from tests.support.dagster_env import (
     DDL,
@@ -192,7 +194,7 @@ def dg_command(*args: str, config: Path, dsn: str | None = None) -> subprocess.P
 
 def expected_keys() -> dict[str, set[str]]:
     return {
-        "assets": {"cdc/changelog", "cdc/snapshot", "cdc/rebuild"}
+        "assets": {"cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify"}
         | {f"delta/{t.replace('.', '/')}" for t in TABLES}
         | {f"history/{t.replace('.', '/')}" for t in TABLES}
         | {f"maintenance/{t.replace('.', '/')}" for t in TABLES},
@@ -396,39 +398,89 @@ def test_rebuild_backfill_rebuilds_selected_tables_from_snapshot_and_log(env: Da
 
 @pytest.mark.slow
 def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: DagsterEnv, spark: Any) -> None:
+    """The checks only read: the parity check compares the Delta version that holds the source's
+    state at a fresh snapshot point (the following drain passes it; the tables are quiet), and
+    records nothing; a damaged table fails, the others pass; with no drain to pass its point it
+    warns that it could not compare. ``cdc/verify`` drains and merges up to its point itself and
+    records the drain, the merge and the verdict."""
     sync(env, 40)
     lag_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "lag") for t in TABLES]
     parity_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "parity") for t in TABLES]
+    versions = {t: env.version(t) for t in TABLES}
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "cdc_assets", "drain", "--follow", "600", "-c", str(env.config_path)],
+        env={**os.environ, DSN_VARIABLE: env.db.dsn},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Correct tables: lag within the default bound everywhere, parity for one table.
+        result = env.execute(dg.AssetSelection.checks(*lag_keys, parity_keys[1]))
+        checks = check_results(result)
+        assert set(checks) == {(t, "lag") for t in TABLES} | {(ORDERS, "parity")}
+        assert all(e.passed for e in checks.values()), {k: e.metadata for k, e in checks.items() if not e.passed}
+        parity = {k: v.value for k, v in checks[(ORDERS, "parity")].metadata.items()}
+        assert parity["source_rows"] == parity["delta_rows"] == len(env.source_rows(ORDERS))
+        assert parity["source_checksum"] == parity["delta_checksum"]
+        assert parity["delta_version"] == versions[ORDERS]
+        assert not result.get_asset_materialization_events()  # read only: nothing drained or merged by it
+        assert {t: env.version(t) for t in TABLES} == versions
+        for table in TABLES:
+            lag = {k: v.value for k, v in checks[(table, "lag")].metadata.items()}
+            assert lag["applied_lsn"] == format_lsn(env.applied(table))
+            assert 0 <= lag["lag_bytes"] <= lag["bound_bytes"] == 1 << 30
 
-    # Correct tables: lag within the default bound everywhere, parity for one table.
-    checks = check_results(env.execute(dg.AssetSelection.checks(*lag_keys, parity_keys[1])))
-    assert set(checks) == {(t, "lag") for t in TABLES} | {(ORDERS, "parity")}
-    assert all(e.passed for e in checks.values()), {k: e.metadata for k, e in checks.items() if not e.passed}
-    parity = {k: v.value for k, v in checks[(ORDERS, "parity")].metadata.items()}
-    assert parity["source_rows"] == parity["delta_rows"] == len(env.source_rows(ORDERS))
-    assert parity["source_checksum"] == parity["delta_checksum"]
-    for table in TABLES:
-        lag = {k: v.value for k, v in checks[(table, "lag")].metadata.items()}
-        assert lag["applied_lsn"] == format_lsn(env.applied(table))
-        assert 0 <= lag["lag_bytes"] <= lag["bound_bytes"] == 1 << 30
+        # Damage one table: parity fails for it, and only for it.
+        version = env.version(ORDERS)
+        DeltaTable.forPath(spark, env.path(ORDERS)).delete("id = 1")
+        try:
+            checks = check_results(env.execute(dg.AssetSelection.checks(*parity_keys)))
+            assert {k: e.passed for k, e in checks.items()} == {
+                (CUSTOMERS, "parity"): True,
+                (ORDERS, "parity"): False,
+                (NOTES, "parity"): True,
+            }
+            failed = checks[(ORDERS, "parity")]
+            assert failed.severity == dg.AssetCheckSeverity.ERROR
+            metadata = {k: v.value for k, v in failed.metadata.items()}
+            assert metadata["source_rows"] == len(env.source_rows(ORDERS)) == metadata["delta_rows"] + 1
+            assert metadata["source_checksum"] != metadata["delta_checksum"]
+            assert "differs from its source" in (failed.description or "")
+        finally:  # undo the damage with Delta's time travel (the applied LSN is untouched by both)
+            DeltaTable.forPath(spark, env.path(ORDERS)).restoreToVersion(version)
+    finally:
+        follower.terminate()
+        assert follower.wait(timeout=120) == 130, follower.stderr.read() if follower.stderr else ""
+    env.assert_delta_equals_source([ORDERS])
 
-    # Damage one table: parity fails for it, and only for it.
+    # No drain passes the check's point: it waits schedule.parity_wait_seconds, then warns that it
+    # could not compare — not that the table differs.
+    env.transactions(["UPDATE public.orders SET amount = amount + 1 WHERE id = (SELECT max(id) FROM public.orders)"])
+    patient = write_dagster_config(env.folder, schedule={"parity_wait_seconds": 2}, name="cdc-patient.yaml")
+    patient_defs = build_definitions(load_settings(str(patient)))
+    waited = check_results(execute(patient_defs, env.instance, dg.AssetSelection.checks(parity_keys[1]), name="wait"))
+    uncompared = waited[(ORDERS, "parity")]
+    assert not uncompared.passed and uncompared.severity == dg.AssetCheckSeverity.WARN
+    assert "not compared" in uncompared.description and "has not reached the snapshot point" in uncompared.description
+
+    # cdc/verify drains up to its point and merges the table: the drain, the merge and the verdict
+    # are recorded on the assets they concern; a damaged table fails its run.
+    verified = env.execute(dg.AssetSelection.assets(VERIFY_KEY), partition_key=ORDERS)
+    assert materialization(verified, CHANGELOG_KEY)["changes"] >= 1
+    assert materialization(verified, MIRROR_KEYS[ORDERS])["updated"] == 1
+    verdict = check_results(verified)[(ORDERS, "parity")]
+    assert verdict.passed and verdict.metadata["delta_version"].value == env.version(ORDERS)
+    env.assert_delta_equals_source([ORDERS])
     version = env.version(ORDERS)
     DeltaTable.forPath(spark, env.path(ORDERS)).delete("id = 1")
     try:
-        checks = check_results(env.execute(dg.AssetSelection.checks(*parity_keys)))
-        assert {k: e.passed for k, e in checks.items()} == {
-            (CUSTOMERS, "parity"): True,
-            (ORDERS, "parity"): False,
-            (NOTES, "parity"): True,
-        }
-        failed = checks[(ORDERS, "parity")]
-        assert failed.severity == dg.AssetCheckSeverity.ERROR
-        metadata = {k: v.value for k, v in failed.metadata.items()}
-        assert metadata["source_rows"] == len(env.source_rows(ORDERS)) == metadata["delta_rows"] + 1
-        assert metadata["source_checksum"] != metadata["delta_checksum"]
-        assert "differs from its source" in (failed.description or "")
-    finally:  # undo the damage with Delta's time travel (the applied LSN is untouched by both)
+        broken = env.execute(dg.AssetSelection.assets(VERIFY_KEY), partition_key=ORDERS, raise_on_error=False)
+        assert not broken.success
+        logged = env.instance.all_logs(broken.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+        evaluations = [e.get_dagster_event().event_specific_data for e in logged]
+        assert [(e.check_name, e.passed) for e in evaluations] == [("parity", False)]  # type: ignore[union-attr]
+    finally:
         DeltaTable.forPath(spark, env.path(ORDERS)).restoreToVersion(version)
     env.assert_delta_equals_source([ORDERS])
 
@@ -602,10 +654,12 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
     for table in TABLES:
         slug = table.replace(".", "__")
         assert defs.resolve_assets_def(MIRROR_KEYS[table]).op.pool == f"cdc_table__{slug}"
-    # A run over several tables (launched from the UI) merges up to spark.parallel_merges at once.
+    # A run over several tables (launched from the UI) merges up to schedule.run_max_concurrent at
+    # once, each step a process (a Spark each): not spark.parallel_merges, the sessions of one Spark.
     executor = defs.resolve_implicit_global_asset_job_def().executor_def
     assert executor.name == "multiprocess"
-    assert executor.config_schema.resolve_config({}).value["config"]["max_concurrent"] == config.spark.parallel_merges
+    max_concurrent = executor.config_schema.resolve_config({}).value["config"]["max_concurrent"]
+    assert max_concurrent == config.schedule.run_max_concurrent == 2 != config.spark.parallel_merges
     drain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_drain_schedule").job_name)
     merge_jobs = {
         t: defs.resolve_job_def(defs.resolve_sensor_def(f"cdc_merge__{t.replace('.', '__')}").job_name)

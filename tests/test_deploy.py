@@ -429,6 +429,7 @@ def test_pipeline_config_loads_and_builds_the_code_location(
         "cdc/changelog",
         "cdc/snapshot",
         "cdc/rebuild",
+        "cdc/verify",
         "delta/public/orders",
         "maintenance/public/orders",
         "history/public/orders",

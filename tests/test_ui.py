@@ -49,7 +49,7 @@ SLOT = "cdc_ui_slot"  # slot names are per cluster: not the other Dagster tests'
 LOCATION = "dagster_project.definitions"
 DRAIN_JOB = "cdc_drain"
 VIEWPORT = (1400, 900)
-ASSET_KEYS = ["cdc/changelog", "cdc/snapshot", "cdc/rebuild"] + [
+ASSET_KEYS = ["cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify"] + [
     f"{kind}/{table.replace('.', '/')}" for kind in ("delta", "maintenance", "history") for table in TABLES
 ]
 SENSORS = [f"cdc_merge__{table.replace('.', '__')}" for table in TABLES]

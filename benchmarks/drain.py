@@ -74,9 +74,10 @@ import _common as common
 import psutil
 import psycopg
 
+from cdc_assets.changelog.stream_writer import DrainProgress
 from cdc_assets.config import Config, load_config
 from cdc_assets.lsn import format_lsn
-from cdc_assets.pipeline.drain import DrainProgress, drain
+from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.setup import setup
 from cdc_assets.stream.options import max_proto_version
 from cdc_assets.stream.process import POOL

@@ -27,7 +27,7 @@ from cdc_assets.lsn import format_lsn
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from cdc_assets.pipeline.drain import DurableBatch
+    from cdc_assets.changelog.stream_writer import DurableBatch
 
 COMMANDS_ENTRY_POINT = "cdc_assets.commands"
 """Entry-point group of commands other packages add: each is ``add(subparsers) -> None``."""
@@ -216,7 +216,8 @@ def _seconds(text: str) -> float:
 def _drain(
     args: argparse.Namespace, config: Config | None = None, on_batch: Callable[[DurableBatch], None] | None = None
 ) -> int:
-    from cdc_assets.pipeline.drain import DrainProgress, drain
+    from cdc_assets.changelog.stream_writer import DrainProgress
+    from cdc_assets.pipeline.drain import drain
 
     config = config or _config(args)
     progress = Progress()

@@ -22,10 +22,11 @@ from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
+from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
-from cdc_assets.pipeline.drain import DrainProgress, DrainResult, DurableBatch, drain
+from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.run_tags import MERGES_TAG

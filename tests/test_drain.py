@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_assets.changelog.segment_file import RELATION_KEY
+from cdc_assets.changelog.stream_writer import DrainProgress
 from cdc_assets.errors import (
     CdcError,
     DrainLockedError,
@@ -31,7 +32,6 @@ from cdc_assets.errors import (
 )
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline import drain as drain_module
-from cdc_assets.pipeline.drain import DrainProgress
 from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.stream.options import max_proto_version
 from cdc_assets.stream.upto import UptoCut

@@ -22,16 +22,13 @@ from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import (
     Checkpoint,
     require_checkpoint,
-    write_checkpoint,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.retention import RetentionResult, retain
-from cdc_assets.changelog.store import LogStore, changelog_store
-from cdc_assets.changelog.writer import BatchWriter
+from cdc_assets.changelog.store import changelog_store
+from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch, StreamWriter, Written
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotGapError
-from cdc_assets.faults import fault_point
-from cdc_assets.interrupts import interrupts_deferred
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.source import (
@@ -46,33 +43,15 @@ from cdc_assets.source import (
 from cdc_assets.source.catalog import relation_describer
 from cdc_assets.source.connection import one_row
 from cdc_assets.source.slot_holders import HeldWal, read_held_wal
-from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.process import POOL as STREAM_CHILDREN
 from cdc_assets.stream.reader import SlotStream, StreamLostError
-from cdc_assets.stream.upto import UptoCut
 from cdc_assets.transactions import TransactionAssembler
 
 RECONNECT_SECONDS = (1.0, 2.0, 5.0, 10.0)
 """A following drain whose connection was lost reconnects after these pauses (the last repeats)."""
-TRANSACTION_ENDS = b"CP"
-"""Commit and Prepare: the messages after which no transaction is open, so a batch may end."""
-PING_SECONDS = 0.2
-"""How often a drain that is catching up asks the server how far it has sent."""
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class DrainProgress:
-    """Where a running drain is, after each durable batch (for progress displays and Dagster logs)."""
-
-    batches: int
-    transactions: int
-    changes: int
-    checkpoint_lsn: int
-    target_lsn: int
-    elapsed_s: float
 
 
 @dataclass(slots=True)
@@ -95,15 +74,10 @@ class DrainResult:
     def total_changes(self) -> int:
         return sum(self.changes.values())
 
-
-@dataclass(slots=True, frozen=True)
-class DurableBatch:
-    """One batch made durable: its checkpoint, and the changes per table it added."""
-
-    checkpoint_lsn: int
-    transactions: int
-    changes: dict[str, int]
-    commit_time_us: int | None
+    def count(self, written: Written) -> None:
+        """Take over what the drain's stream writer made durable."""
+        self.batches, self.transactions, self.messages = written.batches, written.transactions, written.messages
+        self.changes, self.checkpoint_lsn = written.changes, written.checkpoint_lsn
 
 
 def drain(
@@ -157,167 +131,29 @@ def drain(
                 streaming=source.streaming, catalog=catalog, describe=describe, slot=source.slot, spill_dir=spill_dir
             )
 
-        run = _StreamRun(
-            config, store, checkpoint, new_assembler, DrainResult(start_lsn=checkpoint.lsn), started, progress, on_batch
-        )
+        writer = StreamWriter(config, store, checkpoint, new_assembler, started, progress, on_batch)
+        result = DrainResult(start_lsn=checkpoint.lsn)
         deadline = None if upto_lsn is not None or follow <= 0 else started + follow
         while True:
             try:
-                with SlotStream(conn, source, options, run.checkpoint.lsn) as stream:
-                    run.follow(stream, target, upto_lsn, deadline)
+                with SlotStream(conn, source, options, writer.checkpoint.lsn) as stream:
+                    writer.follow(stream, target, upto_lsn, deadline)
                 break
             except StreamLostError as error:
                 if deadline is None or time.monotonic() >= deadline:
                     raise
-                pause = RECONNECT_SECONDS[min(run.result.reconnects, len(RECONNECT_SECONDS) - 1)]
+                pause = RECONNECT_SECONDS[min(result.reconnects, len(RECONNECT_SECONDS) - 1)]
                 log.warning("%s; reconnecting in %.0f s", error, pause)
-                run.result.reconnects += 1
+                result.reconnects += 1
+                writer.restart()
                 time.sleep(pause)
-        result = run.result
+        result.count(writer.written)
+        applied = {str(t.name): table_applied_lsn(config, t) for t in config.tables}
+        result.retention = retain(config, ChangeLogReader(store), writer.checkpoint, applied)
         result.slot = read_slot(conn, source.slot)
         result.held = read_held_wal(conn, source.slot)
-        applied = {str(t.name): table_applied_lsn(config, t) for t in config.tables}
-        result.retention = retain(config, ChangeLogReader(store), run.checkpoint, applied)
     result.elapsed_s = time.monotonic() - started
     return result
-
-
-class _StreamRun:
-    """The drain's state across its replication sessions: the assembler, the open batch, the
-    checkpoint, and what the drain did so far."""
-
-    def __init__(
-        self,
-        config: Config,
-        store: LogStore,
-        checkpoint: Checkpoint,
-        new_assembler: Callable[[], TransactionAssembler],
-        result: DrainResult,
-        started: float,
-        progress: Callable[[DrainProgress], None] | None,
-        on_batch: Callable[[DurableBatch], None] | None,
-    ) -> None:
-        self.config = config
-        self.store = store
-        self.checkpoint = checkpoint
-        self.new_assembler = new_assembler
-        self.assembler = new_assembler()
-        self.result = result
-        self.result.checkpoint_lsn = checkpoint.lsn
-        self.started = started
-        self.progress = progress
-        self.on_batch = on_batch
-        self.writer = BatchWriter(store, checkpoint)
-        self.target = 0
-
-    def follow(self, stream: SlotStream, target: int, upto: int | None, deadline: float | None) -> None:
-        """One replication session: assemble what ``stream`` sends, and make it durable batch by
-        batch, until caught up with ``target`` (and ``deadline`` is past) or ``upto`` is reached."""
-        self.target = target
-        if self.result.reconnects:  # what the lost session left is not valid: its batch, its assembly
-            self.writer.abandon()
-            ChangeLogReader(self.store).remove_stale()
-            self.writer = BatchWriter(self.store, self.checkpoint)
-            self.assembler.discard()
-            self.assembler = self.new_assembler()
-        assembler = self.assembler
-        assembler.start_session(self.writer, self.checkpoint.lsn)
-        commit_seconds = self.config.drain.commit_seconds
-        batch_changes = self.config.source.batch_changes
-        cut = UptoCut(self.config.source.streaming, upto) if upto is not None else None
-        position = self.checkpoint.lsn  # every transaction that committed before it has been received
-        caught_up = reached = False
-        fed = 0  # messages in the open batch
-        backlog: MessageBlock | None = None  # the rest of a block split at a batch's end
-        asked = last_batch = time.monotonic()
-        stream.ping()
-        try:
-            while True:
-                now = time.monotonic()
-                due = last_batch + commit_seconds
-                wake = due if caught_up else min(due, asked + PING_SECONDS)
-                frame = backlog or stream.next(timeout=max(0.0, wake - now))
-                backlog = None
-                if isinstance(frame, MessageBlock) and not reached:
-                    if cut is not None:
-                        frame, reached = cut.head(frame)
-                    if fed + len(frame) >= batch_changes or now >= due:  # end the batch at the next Commit
-                        at = 0 if now >= due else batch_changes - fed - 1
-                        frame, backlog = frame.split_after(TRANSACTION_ENDS, at)
-                    fed += assembler.feed_blocks([frame])
-                    fault_point("mid-batch")
-                elif isinstance(frame, StreamPosition):
-                    if assembler.between_transactions:
-                        position = max(position, frame.lsn)
-                    caught_up = caught_up or position >= target
-                now = time.monotonic()
-                if not caught_up and now - asked >= PING_SECONDS:
-                    stream.ping()
-                    asked = now
-                finished = reached or (caught_up and (deadline is None or now >= deadline))
-                if assembler.between_transactions and (finished or now >= due or fed >= batch_changes):
-                    with interrupts_deferred():  # an interrupt lands after the batch, not inside it
-                        self._durable(stream, position if upto is None else min(position, upto))
-                    if finished:
-                        break
-                    stream.ping()  # a fresh position for the next batch
-                    last_batch = asked = time.monotonic()
-                    fed = 0
-        except BaseException as interrupt:  # Ctrl-C, SIGTERM, a Dagster run's termination
-            if isinstance(interrupt, Exception) or not assembler.between_transactions:
-                raise
-            self._durable(stream, position if upto is None else min(position, upto))  # keep what was received
-            stream.stop()
-            raise
-        assembler.end_session()
-
-    def _durable(self, stream: SlotStream, position: int) -> None:
-        """Make the batch durable — segments, checkpoint, then the confirmed position — and start
-        the next one. Its checkpoint is the end of its last transaction, or the server's position if
-        that is later (nothing before it is left to receive)."""
-        assembler = self.assembler
-        assembler.flush()
-        lsn = max(assembler.last_end_lsn, position)
-        if lsn <= self.checkpoint.lsn:
-            return
-        writer = self.writer
-        checkpoint = writer.close(lsn)
-        fault_point("after-segments")
-        write_checkpoint(self.store, checkpoint)
-        fault_point("after-checkpoint")
-        stream.confirm(checkpoint.lsn)
-        fault_point("after-advance")
-        writer.after_checkpoint()
-        self.checkpoint = checkpoint
-        self._count(writer)
-        self.writer = BatchWriter(self.store, checkpoint, carried=writer.carried)
-        assembler.next_batch(self.writer, checkpoint.lsn)
-        summary = writer.summary
-        if self.on_batch is not None:
-            self.on_batch(
-                DurableBatch(checkpoint.lsn, summary.transactions, dict(summary.changes), writer.last_commit_time_us)
-            )
-        if self.progress is not None:
-            result = self.result
-            self.progress(
-                DrainProgress(
-                    result.batches,
-                    result.transactions,
-                    result.total_changes,
-                    checkpoint.lsn,
-                    self.target,
-                    time.monotonic() - self.started,
-                )
-            )
-
-    def _count(self, writer: BatchWriter) -> None:
-        result, summary = self.result, writer.summary
-        result.checkpoint_lsn = self.checkpoint.lsn
-        result.batches += 1
-        result.transactions += summary.transactions
-        result.messages += summary.messages
-        for table, count in summary.changes.items():
-            result.changes[table] = result.changes.get(table, 0) + count
 
 
 def _refuse_gap(slot: SlotState, checkpoint: Checkpoint) -> None:

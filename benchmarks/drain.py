@@ -324,7 +324,7 @@ def run_drain(config: Config) -> dict[str, Any]:
         "batch_seconds": per_batch,
         "checkpoint_lsn": result.checkpoint_lsn,
         "changes_per_s": result.total_changes / wall,
-        "changelog_bytes": folder_bytes(Path(config.changelog_path)),
+        "changelog_bytes": folder_bytes(Path(config.changelog.path)),
     }
 
 
@@ -583,7 +583,7 @@ def part_rss(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             report["streaming"] = mode
             report["changes_per_s"] = report["changes"] / report["seconds"]
             report["pass"] = report["peak_rss"] < GiB
-            report["changelog_bytes"] = folder_bytes(Path(config.changelog_path))
+            report["changelog_bytes"] = folder_bytes(Path(config.changelog.path))
             runs.append(report)
             print(
                 f"[rss] streaming {mode}: peak RSS {report['peak_rss'] / common.MiB:,.0f} MiB"

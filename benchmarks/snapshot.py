@@ -184,7 +184,7 @@ def part_setup(args: argparse.Namespace, cluster: ThrowawayCluster, table: Table
             print(f"WARNING: setup copied {copied:,} rows, the table holds {table.rows:,}", flush=True)
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (config.source.slot,))
-        log_bytes = sum(f.stat().st_size for f in Path(config.changelog_path).rglob("*") if f.is_file())
+        log_bytes = sum(f.stat().st_size for f in Path(config.changelog.path).rglob("*") if f.is_file())
         shutil.rmtree(work / f"w{workers}")
         runs.append({"workers": workers, **measured, "changelog_bytes": log_bytes, "load": os.getloadavg()})
         print(

@@ -144,7 +144,7 @@ def write_config(folder: Path, dsn: str, name: str, retention_hours: float, spar
 
 def log_files(config: Config) -> tuple[int, int]:
     """Files and bytes under the change log's folder."""
-    files = [p for p in Path(config.changelog_path).rglob("*") if p.is_file()]
+    files = [p for p in Path(config.changelog.path).rglob("*") if p.is_file()]
     return len(files), sum(p.stat().st_size for p in files)
 
 

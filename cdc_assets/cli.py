@@ -186,7 +186,7 @@ def _setup(args: argparse.Namespace) -> int:
     for copied in result.copied:
         print(f"copied online: {copied.summary()}")
     if not (result.created_slot or result.added or result.removed or result.copied):
-        print(f"already set up: slot {config.source.slot} and the change log at {config.changelog_path} exist")
+        print(f"already set up: slot {config.source.slot} and the change log at {config.changelog.path} exist")
         return 0
     print(f"done in {result.elapsed_s:.1f} s")
     return 0

@@ -57,7 +57,7 @@ def table_pool(table: TableConfig) -> str:
 
 
 def history_path(config: Config, table: TableConfig) -> str:
-    return f"{config.warehouse_path.rstrip('/')}/_cdc_history/{table.name.schema}/{table.name.name}"
+    return f"{config.warehouse.path.rstrip('/')}/_cdc_history/{table.name.schema}/{table.name.name}"
 
 
 def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
@@ -69,7 +69,7 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
         pool=f"cdc_drain__{slot}",
         kinds={"postgres", "parquet"},
         description=(
-            f"Drains replication slot {slot} into the change log at {settings.config.changelog_path}: committed"
+            f"Drains replication slot {slot} into the change log at {settings.config.changelog.path}: committed"
             " transactions as Parquet segments, then the checkpoint, then the slot's confirmed position (exactly"
             f" once); follows the stream for {settings.config.drain.follow_seconds:g} s after catching up"
             + (
@@ -333,7 +333,7 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
         checkpoint = reader.checkpoint()
         state = checkpoint.tables.get(name) if checkpoint else None
         if state is None:
-            raise CdcError(f"the change log at {config.changelog_path} holds nothing for {name}")
+            raise CdcError(f"the change log at {config.changelog.path} holds nothing for {name}")
         day = context.partition_time_window.start.date()
         rows = history_rows(reader, name, state, day)
         written = write_history(
@@ -341,7 +341,7 @@ def build_history_asset(settings: Settings, table: TableConfig, start: datetime)
             history_path(config, table),
             rows,
             day,
-            config.warehouse_table_properties,
+            config.warehouse.table_properties,
             config.delta_storage_options,
         )
         return dg.MaterializeResult(

@@ -79,7 +79,7 @@ def build_maintenance_schedule(
 ) -> dg.ScheduleDefinition:
     return dg.ScheduleDefinition(
         name=f"cdc_maintain__{table_slug(table)}",
-        cron_schedule=settings.config.maintenance.cron,
+        cron_schedule=settings.config.warehouse.maintenance.cron,
         target=automation_job(f"cdc_maintain__{table_slug(table)}", [asset]),
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,

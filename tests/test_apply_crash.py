@@ -264,7 +264,7 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
     config_path = write_crash_config(tmp_path, tables)
     config = load_config(config_path, environ={DSN_VARIABLE: pg.dsn})
     setup(config)
-    warehouse = Path(config.warehouse_path)
+    warehouse = Path(config.warehouse.path)
     writer = Writer(workload, RATE)
     writer.start()
     monitor = psycopg.connect(pg.dsn, autocommit=True, application_name="apply-crash-monitor")
@@ -326,13 +326,13 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
         results = apply_tables(config, spark)
         parity = compare_all(config, pg.dsn, spark)
         assert not report(parity), report(parity)
-        reader = ChangeLogReader(config.changelog_path)
+        reader = ChangeLogReader(config.changelog.path)
         folded = sum(bool(state.folded) for state in reader.require_checkpoint().tables.values())
         for table in config.tables:
             rebuild_table(config, table, spark, reader)
         rebuilt = compare_all(config, pg.dsn, spark)
     workload.close()
-    checkpoint = read_checkpoint(LogStore(config.changelog_path))
+    checkpoint = read_checkpoint(LogStore(config.changelog.path))
     assert checkpoint is not None
     lsns = {
         str(t.name): applied_lsn(config.target_path(t), app_id(config.source.slot, str(t.name))) for t in config.tables
@@ -412,7 +412,7 @@ def _phase(
 
 def _check_after_kill(config: Config, applied_before: dict[str, int]) -> None:
     """Every Delta table is readable; its applied LSN never regresses nor passes the checkpoint."""
-    checkpoint = read_checkpoint(LogStore(config.changelog_path))
+    checkpoint = read_checkpoint(LogStore(config.changelog.path))
     assert checkpoint is not None, "a killed sync lost the checkpoint"
     for table in config.tables:
         name = str(table.name)

@@ -277,7 +277,7 @@ def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
     assert not [p for r in results for p in r.problems], "\n\n".join(p for r in results for p in r.problems)
     assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
     config = results[0].config
-    assert config is not None and config.changelog_path.startswith(bucket.uri)
+    assert config is not None and config.changelog.path.startswith(bucket.uri)
     assert config.target_path(config.tables[0]).startswith(bucket.uri)
     assert not list((tmp_path / f"seed{BUCKET_SEEDS[0]}").glob("*/"))  # nothing but cdc.yaml on disk
 

@@ -41,8 +41,8 @@ def test_design_example_parses_with_defaults_and_resolved_paths() -> None:
     assert config.source.dsn == "host=db password=hunter2"
     assert "hunter2" not in repr(config)
     assert config.source.streaming == "off" and config.source.batch_changes == 1_000_000
-    assert config.changelog_path == "/etc/cdc/data/changelog"
-    assert config.warehouse_path == "s3://bucket/warehouse"
+    assert config.changelog.path == "/etc/cdc/data/changelog"
+    assert config.warehouse.path == "s3://bucket/warehouse"
     assert [str(t.name) for t in config.tables] == ["public.orders", "public.customers", "Odd Schema.a.b"]
     orders = config.table("public.orders")
     assert orders.row_filter == "status <> 'draft'" and orders.truncate == "apply"
@@ -117,14 +117,14 @@ MAINTENANCE = "  path: s3://bucket/warehouse/\n  maintenance: {"
 
 
 def test_maintenance_defaults_and_settings() -> None:
-    defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x").maintenance
+    defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x").warehouse.maintenance
     assert (defaults.cron, defaults.compact_min_files, defaults.zorder) == ("0 * * * *", 8, False)
     assert (defaults.purge_min_deletion_vectors, defaults.vacuum_retention_hours) == (8, 168)
     text = EXAMPLE.replace(
         "  path: s3://bucket/warehouse/",
         MAINTENANCE + "cron: '30 2 * * *', compact_min_files: 0, zorder: true, vacuum_retention_hours: 720}",
     )
-    settings = parse(text, CDC_SOURCE_DSN="x").maintenance
+    settings = parse(text, CDC_SOURCE_DSN="x").warehouse.maintenance
     assert (settings.cron, settings.compact_min_files, settings.zorder) == ("30 2 * * *", 0, True)
     assert (settings.purge_min_deletion_vectors, settings.vacuum_retention_hours) == (8, 720)
 

@@ -526,7 +526,7 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
 
     # The change log's own account of public.notes, by commit day (snapshot rows are not changes).
     log: dict[date, list[dict[str, Any]]] = {}
-    for chunk in ChangeLogReader(env.config().changelog_path).read_changes(NOTES):
+    for chunk in ChangeLogReader(env.config().changelog.path).read_changes(NOTES):
         for record in chunk.records.to_pylist():
             if record["_cdc_op"] != "snapshot":
                 log.setdefault(record["_cdc_commit_time"].astimezone(UTC).date(), []).append(record)
@@ -539,7 +539,7 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     # with its partitions starting at the first of them.
     settings = load_settings(str(env.config_path))
     snapshot_day = datetime.fromtimestamp(
-        ChangeLogReader(settings.config.changelog_path).checkpoint().snapshot_time_us / 1e6, UTC
+        ChangeLogReader(settings.config.changelog.path).checkpoint().snapshot_time_us / 1e6, UTC
     ).date()
     located = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES))).partitions_def
     assert isinstance(located, dg.DailyPartitionsDefinition)

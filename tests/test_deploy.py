@@ -402,7 +402,7 @@ def test_pipeline_config_loads_and_builds_the_code_location(
     # The change log and the warehouse are in the bucket the minio_bucket service creates on the
     # minio service, which the code location waits for; Spark reaches it through s3a.
     bucket = shlex.split(services["minio_bucket"]["command"][0])[-1].removeprefix("lake/")
-    for path in (config.changelog_path, config.warehouse_path, *(config.target_path(t) for t in config.tables)):
+    for path in (config.changelog.path, config.warehouse.path, *(config.target_path(t) for t in config.tables)):
         assert path.startswith(f"s3://{bucket}/"), path
     assert config.storage.endpoint == "http://minio:9000" and "minio" in services
     assert services["code_location"]["depends_on"]["minio_bucket"]["condition"] == "service_completed_successfully"

@@ -95,7 +95,7 @@ def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
     mirror.sync()
     merged = table_files(path)
     assert merged.deletion_vectors >= 1
-    purge_only = replace(mirror.config().maintenance, compact_min_files=0)
+    purge_only = replace(mirror.config().warehouse.maintenance, compact_min_files=0)
     purged = maintain_table(target, purge_only, TABLE)
     assert purged.steps == ("REORG PURGE", "VACUUM") and purged.before == merged
     assert purged.after is not None and purged.after.deletion_vectors == 0 and purged.after.deleted_rows == 0

@@ -201,7 +201,7 @@ def test_snapshot_killed_at_random_points_then_rerun(pg: Database, spark: Any, t
             else:
                 assert returncode == 0, f"snapshot exited {returncode}"
             drain(config, wait=True)
-            assert_mirrors(config.changelog_path, pg.dsn, [str(t.name) for t in config.tables])  # the log replayed
+            assert_mirrors(config.changelog.path, pg.dsn, [str(t.name) for t in config.tables])  # the log replayed
             if len(kills) % 4 == 1:  # and now and then merged, whatever the kills left
                 applied = apply_tables(config, session)
                 problems = report(compare_all(config, pg.dsn, None))
@@ -232,6 +232,6 @@ def test_snapshot_killed_at_random_points_then_rerun(pg: Database, spark: Any, t
         docs,
         bag,
     ):  # the last run and those the next run deletes: the one applied before, one never announced
-        runs = list((Path(config.changelog_path) / "snapshots" / table).iterdir())
+        runs = list((Path(config.changelog.path) / "snapshots" / table).iterdir())
         assert 1 <= len(runs) <= 3, runs
     workload.close()

@@ -335,11 +335,11 @@ def test_a_held_table_catches_up_exactly_and_a_rebuild_starts_from_the_base(
         mirror.sql(f"UPDATE b SET v = 'b{round_}' WHERE id % 7 = {round_}", f"INSERT INTO a VALUES ({100 + round_})")
         mirror.drain()
         mirror.apply(["public.a"])
-    b_folder = Path(mirror.config().changelog_path) / "tables" / "public.b"
+    b_folder = Path(mirror.config().changelog.path) / "tables" / "public.b"
     held = sorted(p.name for p in b_folder.glob("*.parquet"))
     assert len(held) == 2  # b's changes since its last apply: held back by b
     mirror.drain()  # retention again: a's segments are gone, b's are not
-    a_folder = Path(mirror.config().changelog_path) / "tables" / "public.a"
+    a_folder = Path(mirror.config().changelog.path) / "tables" / "public.a"
     assert not list(a_folder.glob("*.parquet")) and sorted(p.name for p in b_folder.glob("*.parquet")) == held
 
     mirror.apply()

@@ -15,7 +15,7 @@ import psutil  # type: ignore[import-untyped]
 import psycopg
 import pytest
 
-from cdc_assets.config import Config, SourceConfig, TableConfig
+from cdc_assets.config import ChangelogConfig, Config, SourceConfig, TableConfig, WarehouseConfig
 from cdc_assets.errors import (
     ConfigError,
     DrainLockedError,
@@ -92,8 +92,8 @@ def source_of(db: Database, **settings: Any) -> SourceConfig:
 def config_of(db: Database, tables: list[str], **settings: Any) -> Config:
     return Config(
         source=source_of(db, **settings),
-        changelog_path="/tmp/unused",
-        warehouse_path="/tmp/unused",
+        changelog=ChangelogConfig(path="/tmp/unused"),
+        warehouse=WarehouseConfig(path="/tmp/unused"),
         tables=tuple(TableConfig(TableName.parse(t)) for t in tables),
     )
 

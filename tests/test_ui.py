@@ -382,7 +382,7 @@ def test_drain_launched_through_graphql_runs_and_its_metadata_shows_on_the_asset
 ) -> None:
     def checkpoint_lsn() -> int:
         config = load_config(ui.config_path, environ={DSN_VARIABLE: ui.db.dsn})
-        checkpoint = ChangeLogReader(config.changelog_path).checkpoint()
+        checkpoint = ChangeLogReader(config.changelog.path).checkpoint()
         assert checkpoint is not None
         return checkpoint.lsn
 

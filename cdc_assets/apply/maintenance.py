@@ -120,7 +120,7 @@ def maintain_configured_table(config: Config, table: TableConfig, spark: SparkSe
     name = str(table.name)
     with TableWriteLock(config.source, name):
         return maintain_table(
-            delta_target(config, table, spark), config.maintenance, name, first_key_column(config, name)
+            delta_target(config, table, spark), config.warehouse.maintenance, name, first_key_column(config, name)
         )
 
 

@@ -58,7 +58,7 @@ def delta_target(config: Config, table: TableConfig, spark: SparkSession) -> Del
         spark,
         config.target_path(table),
         app_id(config.source.slot, str(table.name)),
-        table_properties=config.warehouse_table_properties,
+        table_properties=config.warehouse.table_properties,
         storage_options=config.delta_storage_options,
     )
 
@@ -160,7 +160,7 @@ def rebuild_table(
     name = str(table.name)
     state = checkpoint.tables.get(name) if checkpoint else None
     if checkpoint is None or state is None:
-        raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog_path} holds nothing for it")
+        raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog.path} holds nothing for it")
     target = delta_target(config, table, spark)
     chunks = list(reader.read_table(name, state, upto=checkpoint.lsn))
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)

@@ -169,4 +169,4 @@ def _fsync_folder(path: str) -> None:
 
 def changelog_store(config: Config) -> LogStore:
     """The configured change log's files, with the ``storage`` settings."""
-    return LogStore(config.changelog_path, config.storage)
+    return LogStore(config.changelog.path, config.storage)

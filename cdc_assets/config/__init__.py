@@ -14,6 +14,7 @@ from cdc_assets.config.model import (
     SparkConfig,
     Streaming,
     TableConfig,
+    WarehouseConfig,
 )
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "SparkConfig",
     "Streaming",
     "TableConfig",
+    "WarehouseConfig",
     "config_path",
     "load_config",
     "parse_config",

@@ -29,6 +29,7 @@ from cdc_assets.config.model import (
     SparkConfig,
     TableConfig,
     Truncate,
+    WarehouseConfig,
     default,
     default_of,
     is_uri,
@@ -83,12 +84,13 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
     delta_on_s3 = is_s3(warehouse_path) or any(t.target is not None and is_s3(t.target) for t in tables)
     config = Config(
         source=source.model(SourceConfig),
-        changelog_path=_location(changelog.text("path"), base),
-        changelog=changelog.model(ChangelogConfig),
-        warehouse_path=warehouse_path,
-        warehouse_table_properties=warehouse.settings("table_properties"),
-        warehouse_storage_options=warehouse.settings("storage_options"),
-        maintenance=warehouse.optional_model("maintenance", MaintenanceConfig),
+        changelog=changelog.model(ChangelogConfig, path=_location(changelog.text("path"), base)),
+        warehouse=WarehouseConfig(
+            path=warehouse_path,
+            table_properties=warehouse.settings("table_properties"),
+            storage_options=warehouse.settings("storage_options"),
+            maintenance=warehouse.optional_model("maintenance", MaintenanceConfig),
+        ),
         tables=tables,
         spark=replace(spark, storage=storage) if delta_on_s3 else spark,
         schedule=reader.optional_model("schedule", ScheduleConfig),
@@ -148,10 +150,11 @@ class _Reader:
     def section(self, key: str) -> _Reader:
         return _Reader(self.where, self.get(key), f"{self.prefix}{key}.")
 
-    def model(self, cls: type[_Section]) -> _Section:
+    def model(self, cls: type[_Section], **given: Any) -> _Section:
         """This mapping read as ``cls`` (a section of :mod:`cdc_assets.config.model`): each field
-        that says its kind, by that reader method, with the field's default."""
-        values: dict[str, Any] = {}
+        that says its kind, by that reader method, with the field's default; the fields the
+        caller read its own way are ``given``."""
+        values: dict[str, Any] = dict(given)
         for model_field in fields(cls):  # type: ignore[arg-type]
             if "kind" not in model_field.metadata:
                 continue

@@ -151,8 +151,21 @@ class MaintenanceConfig:
 
 
 @dataclass(slots=True, frozen=True)
+class WarehouseConfig:
+    """The Delta tables (``warehouse``): ``path`` the folder or URI they live under
+    (``<path>/<schema>/<table>`` unless a table names its ``target``), ``table_properties`` for
+    the tables cdc-assets creates, ``storage_options`` for delta-rs beside the ``storage``
+    section's, and their ``maintenance``."""
+
+    path: str
+    table_properties: dict[str, str] = field(default_factory=dict)
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+
+
+@dataclass(slots=True, frozen=True)
 class ChangelogConfig:
-    """The change log's retention (``changelog``; its ``path`` is ``Config.changelog_path``).
+    """The change log (``changelog``): ``path`` its folder or URI, and its retention.
 
     ``retention_hours``: how long the change log keeps a table's segments after every reader has
     applied them (docs/architecture.md, "Change-log retention"); retention rewrites a table's
@@ -160,6 +173,7 @@ class ChangelogConfig:
     of the current copy's bytes (0: whenever it folds) or number ``fold_max_segments``, the bound on
     a table's segments kept past the retention."""
 
+    path: str
     retention_hours: float = setting(168.0, "number", what="a number of hours")
     fold_min_share: float = setting(0.25, "number")
     fold_max_segments: int = setting(200, "positive")
@@ -168,17 +182,13 @@ class ChangelogConfig:
 @dataclass(slots=True, frozen=True)
 class Config:
     source: SourceConfig
-    changelog_path: str
-    warehouse_path: str
+    changelog: ChangelogConfig
+    warehouse: WarehouseConfig
     tables: tuple[TableConfig, ...]
     spark: SparkConfig = field(default_factory=SparkConfig)
-    warehouse_table_properties: dict[str, str] = field(default_factory=dict)
-    warehouse_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     storage: StorageConfig = field(default_factory=StorageConfig)
-    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
-    changelog: ChangelogConfig = field(default_factory=ChangelogConfig)
     path: Path | None = None
 
     def table(self, name: str | TableName) -> TableConfig:
@@ -192,13 +202,13 @@ class Config:
     @property
     def delta_storage_options(self) -> dict[str, str]:
         """delta-rs ``storage_options``: the ``storage`` section's, then ``warehouse.storage_options``."""
-        return self.storage.delta_rs_options() | self.warehouse_storage_options
+        return self.storage.delta_rs_options() | self.warehouse.storage_options
 
     def target_path(self, table: TableConfig) -> str:
         """The Delta table's location."""
         if table.target is not None:
             return table.target
-        return join_location(self.warehouse_path, table.name.schema, table.name.name)
+        return join_location(self.warehouse.path, table.name.schema, table.name.name)
 
 
 _URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")

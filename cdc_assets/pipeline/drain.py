@@ -111,7 +111,7 @@ def drain(
         checkpoint = require_checkpoint(store)
         if checkpoint.slot != source.slot:
             raise CdcError(
-                f"the change log at {config.changelog_path} belongs to slot {checkpoint.slot}, not {source.slot}"
+                f"the change log at {config.changelog.path} belongs to slot {checkpoint.slot}, not {source.slot}"
             )
         major = server_major(conn)
         slot = require_usable_slot(read_slot(conn, source.slot), source)

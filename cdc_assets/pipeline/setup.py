@@ -91,7 +91,7 @@ def setup(
         if checkpoint is not None:
             if slot is None:
                 raise SlotMissingError(
-                    f"replication slot {source.slot} does not exist, but the change log at {config.changelog_path}"
+                    f"replication slot {source.slot} does not exist, but the change log at {config.changelog.path}"
                     f" was set up for it (checkpoint {format_lsn(checkpoint.lsn)}): changes since then are lost."
                     " Remedy: move the change log and the warehouse aside and run `cdc-assets setup` again"
                 )
@@ -122,7 +122,7 @@ def _create_slot_and_copy(
     if slot_exists:
         if not store.exists(SETUP_MARKER):
             raise CdcError(
-                f"replication slot {source.slot} already exists but the change log at {config.changelog_path} is"
+                f"replication slot {source.slot} already exists but the change log at {config.changelog.path} is"
                 " empty: it was not created by cdc-assets for this change log. Drop it"
                 f" (SELECT pg_drop_replication_slot('{source.slot}')) or set source.slot to a new name"
             )

@@ -149,7 +149,7 @@ class DagsterEnv:
         return applied_lsn(self.path(table), app_id(SLOT, str(TableName.parse(table))))
 
     def checkpoint_lsn(self) -> int:
-        checkpoint = ChangeLogReader(self.config().changelog_path).checkpoint()
+        checkpoint = ChangeLogReader(self.config().changelog.path).checkpoint()
         assert checkpoint is not None
         return checkpoint.lsn
 

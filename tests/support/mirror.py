@@ -101,7 +101,7 @@ class Mirror:
         planned the way ``apply_table`` does."""
         config = self.config()
         settings = config.table(table)
-        reader = ChangeLogReader(config.changelog_path)
+        reader = ChangeLogReader(config.changelog.path)
         checkpoint = reader.checkpoint()
         assert checkpoint is not None
         target = delta_target(config, settings, self.spark)
@@ -146,7 +146,7 @@ class Mirror:
         return applied_lsn(self.path(table), app_id(self.config().source.slot, str(TableName.parse(table))))
 
     def checkpoint_lsn(self) -> int:
-        checkpoint = ChangeLogReader(self.config().changelog_path).checkpoint()
+        checkpoint = ChangeLogReader(self.config().changelog.path).checkpoint()
         assert checkpoint is not None
         return checkpoint.lsn
 
@@ -155,7 +155,7 @@ class Mirror:
 
     def records(self, table: str) -> list[dict[str, Any]]:
         """Every change record of ``table`` in the change log (commit columns and all)."""
-        reader = ChangeLogReader(self.config().changelog_path)
+        reader = ChangeLogReader(self.config().changelog.path)
         return [r for chunk in reader.read_changes(table) for r in chunk.records.to_pylist()]
 
     def delta(self, table: str) -> list[dict[str, Any]]:

@@ -126,8 +126,8 @@ class DeltaTarget:
     def sql_name(self) -> str:
         return f"delta.{backquote(self.path)}"
 
-    def applied_lsn(self) -> int | None:
-        return applied_lsn(self.path, self.app, self.storage_options)
+    def applied_lsn(self, version: int | None = None) -> int | None:
+        return applied_lsn(self.path, self.app, self.storage_options, version)
 
     def exists(self) -> bool:
         return delta_table_exists(self.path, self.storage_options)

@@ -107,8 +107,9 @@ def verify_table(config: Config, table: TableConfig, spark: SparkSession) -> Ver
     reader = ChangeLogReader(changelog_store(config))
     applied = apply_table(config, table, spark, reader, reader.require_checkpoint().lsn)
     target = delta_target(config, table, spark)
-    version = target.version() if target.exists() else None
-    parity = _compare(target, table, snapshot_lsn, names, source, version, target.applied_lsn())
+    version = latest_version(target.path, target.storage_options)
+    version_applied = None if version is None else target.applied_lsn(version)
+    parity = _compare(target, table, snapshot_lsn, names, source, version, version_applied)
     return Verification(drained, applied, parity)
 
 

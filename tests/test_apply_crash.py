@@ -2,7 +2,7 @@
 while a random workload keeps writing, with change-log retention and Delta maintenance due all the
 time; then one sync to completion, and every Delta table must equal its source and record the
 checkpoint as its applied LSN, and so must every table rebuilt from the compacted change log
-(docs/architecture.md, "Invariants": ≥ 8 kill points in the suite, 20 on demand; 0 mismatches, both readers agree).
+(docs/architecture.md, "Invariants": ≥ 6 kill points in the suite, 20 on demand; 0 mismatches, both readers agree).
 
 * Retention and maintenance: ``changelog.retention_hours: 0`` with ``fold_min_share: 0`` folds every
   segment all tables have applied into the tables' compacted bases at the end of each drain, and the maintenance
@@ -41,7 +41,7 @@ checkpoint as its applied LSN, and so must every table rebuilt from the compacte
   every table is rebuilt from the change log (its compacted base and what followed) and compared
   again.
 
-Attempts go on until ``CDC_CRASH_KILLS`` kills (default 8; the large variant: 20) have hit a phase, every phase at
+Attempts go on until ``CDC_CRASH_KILLS`` kills (default 6; the large variant: 20) have hit a phase, every phase at
 least once — an attempt that completes or lands before the drain does not count — bounded by
 ``CDC_CRASH_DEADLINE`` seconds (default 1800), past which the test fails and says how far it got.
 Other knobs: ``CDC_CRASH_SEED`` (default 4242), ``CDC_CRASH_RATE`` (workload operations per
@@ -82,7 +82,7 @@ from tests.support.workload import Workload, tables_section
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
-KILLS = int(os.environ.get("CDC_CRASH_KILLS", "8"))
+KILLS = int(os.environ.get("CDC_CRASH_KILLS", "6"))
 SEED = int(os.environ.get("CDC_CRASH_SEED", "4242"))
 RATE = float(os.environ.get("CDC_CRASH_RATE", "25"))
 DEADLINE_S = float(os.environ.get("CDC_CRASH_DEADLINE", "1800"))  # the kill loop; ~3 minutes on a quiet machine

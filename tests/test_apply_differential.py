@@ -22,7 +22,7 @@ Per seed (``tests/support/workload.py`` says what the workload does):
 
 A failing seed does not stop the others; the test fails at the end with every difference of
 every seed. Knobs: ``CDC_DIFF_SEEDS`` (number of seeds, default 6; the large variant: 20), ``CDC_DIFF_SEED_LIST``
-(explicit seeds, e.g. ``7,12``), ``CDC_DIFF_OPS`` (operations per seed, default 2000),
+(explicit seeds, e.g. ``7,12``), ``CDC_DIFF_SMALL_SEEDS`` (the seeds of the smaller variants — the bucket's here, Spark Connect's in ``tests/test_spark_connect.py`` —, default ``41``), ``CDC_DIFF_OPS`` (operations per seed, default 2000),
 ``CDC_DIFF_SYNCS`` (syncs per seed, default 3), ``CDC_DIFF_PARALLEL`` (seeds run at once, each in
 its own schema with its own Spark session sharing the one SparkContext; default 3 — the merges of
 small tables wait on latency, not on the two cores). Run with ``-s`` to see the totals.
@@ -253,7 +253,9 @@ def test_differential_random_workloads(pg: Database, spark: Any, tmp_path: Path)
     assert {"create", "overwrite", "append", "MERGE", "MERGE (matched only)"} <= writes, writes
 
 
-BUCKET_SEEDS = (41, 42)
+BUCKET_SEEDS = tuple(
+    int(s) for s in os.environ.get("CDC_DIFF_SMALL_SEEDS", "41").split(",")
+)  # the large variant: 41,42,…
 BUCKET_OPS = 600
 
 

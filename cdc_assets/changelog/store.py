@@ -8,6 +8,7 @@ file + rename locally; a single PUT, which object stores make atomic), list, rea
 from __future__ import annotations
 
 import builtins
+import copy
 import os
 import re
 from collections.abc import Iterator
@@ -42,8 +43,10 @@ class LogStore:
             self.local = True
 
     def sub(self, folder: str) -> LogStore:
-        """A store rooted at ``folder`` of this one, with the same storage settings."""
-        return LogStore(f"{self.root}/{folder}", self.storage)
+        """A store rooted at ``folder`` of this one, on the same filesystem."""
+        sub = copy.copy(self)
+        sub.root, sub._base = f"{self.root}/{folder}", self.path(folder)
+        return sub
 
     def path(self, name: str) -> str:
         """The filesystem path of ``name`` (for pyarrow readers)."""

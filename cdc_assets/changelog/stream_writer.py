@@ -68,7 +68,8 @@ class DurableBatch:
 class StreamWriter:
     """Writes what a slot's replication stream sends into the change log, batch by batch durably,
     across the drain's replication sessions: the assembler, the open batch, the checkpoint, and
-    what was made durable so far (:attr:`written`)."""
+    what was made durable so far (:attr:`written`). It is made under the slot's drain lock: it
+    starts by removing what an interrupted drain left unfinished."""
 
     def __init__(
         self,
@@ -89,6 +90,7 @@ class StreamWriter:
         self.started = started
         self.progress = progress
         self.on_batch = on_batch
+        ChangeLogReader(store).remove_stale()  # what an interrupted drain left unfinished
         self.writer = BatchWriter(store, checkpoint)
         self.target = 0
 

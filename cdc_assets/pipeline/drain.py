@@ -20,7 +20,6 @@ import psycopg
 
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import (
-    Checkpoint,
     require_checkpoint,
 )
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -28,8 +27,7 @@ from cdc_assets.changelog.retention import RetentionResult, retain
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch, StreamWriter, Written
 from cdc_assets.config import Config
-from cdc_assets.errors import CdcError, SlotGapError
-from cdc_assets.lsn import format_lsn
+from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.source import (
     DrainLock,
@@ -114,13 +112,10 @@ def drain(
                 f"the change log at {config.changelog.path} belongs to slot {checkpoint.slot}, not {source.slot}"
             )
         major = server_major(conn)
-        slot = require_usable_slot(read_slot(conn, source.slot), source)
-        _refuse_gap(slot, checkpoint)
-        ChangeLogReader(store).remove_stale()
+        slot = require_usable_slot(read_slot(conn, source.slot), source, checkpoint.lsn)
         if source.heartbeat:
             emit_heartbeat(catalog_conn)
         target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
-        options = pgoutput_options(source, major, two_phase=slot.two_phase)
         catalog = TypeCatalog()
         describe = relation_describer(
             catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}
@@ -136,6 +131,7 @@ def drain(
         deadline = None if upto_lsn is not None or follow <= 0 else started + follow
         while True:
             try:
+                options = pgoutput_options(source, major, two_phase=slot.two_phase)
                 with SlotStream(conn, source, options, writer.checkpoint.lsn) as stream:
                     writer.follow(stream, target, upto_lsn, deadline)
                 break
@@ -154,19 +150,6 @@ def drain(
         result.held = read_held_wal(conn, source.slot)
     result.elapsed_s = time.monotonic() - started
     return result
-
-
-def _refuse_gap(slot: SlotState, checkpoint: Checkpoint) -> None:
-    """Refuse a slot that went past the checkpoint (data loss). A slot behind it is fine: the
-    stream starts at the checkpoint and confirms it at once."""
-    confirmed = slot.confirmed_flush_lsn or 0
-    if confirmed > checkpoint.lsn:
-        raise SlotGapError(
-            f"replication slot {slot.name} has confirmed LSN {format_lsn(confirmed)}, past the change log's"
-            f" checkpoint {format_lsn(checkpoint.lsn)}: transactions between the two were consumed by something"
-            " else and are not in the log. Nothing was advanced. Remedy: drop the slot and run `cdc-assets setup`"
-            " again, which takes a new initial snapshot"
-        )
 
 
 def _flush_lsn(conn: psycopg.Connection[Any]) -> int:

@@ -15,6 +15,7 @@ from psycopg import errors
 from cdc_assets.config import SourceConfig
 from cdc_assets.errors import (
     SlotActiveError,
+    SlotGapError,
     SlotInvalidatedError,
     SlotMismatchError,
     SlotMissingError,
@@ -70,8 +71,9 @@ def read_slot(conn: psycopg.Connection[Any], slot: str) -> SlotState | None:
     return None if row is None else SlotState(*row)
 
 
-def require_usable_slot(state: SlotState | None, config: SourceConfig) -> SlotState:
-    """``state`` if the slot can be drained as configured, else the error that says why."""
+def require_usable_slot(state: SlotState | None, config: SourceConfig, checkpoint_lsn: int | None = None) -> SlotState:
+    """``state`` if the slot can be drained as configured (from the change log's ``checkpoint_lsn``,
+    when given), else the error that says why."""
     if state is None:
         raise slot_missing(config.slot)
     if state.invalidated:
@@ -102,6 +104,13 @@ def require_usable_slot(state: SlotState | None, config: SourceConfig) -> SlotSt
         raise SlotMismatchError(
             f"source.two_phase is true but replication slot {state.name} is not two-phase (it was created without "
             "it): set source.two_phase: false, or " + _SETUP_AGAIN.format(slot=state.name)
+        )
+    if checkpoint_lsn is not None and (state.confirmed_flush_lsn or 0) > checkpoint_lsn:
+        raise SlotGapError(  # behind the checkpoint is fine: the stream starts there and confirms it at once
+            f"replication slot {state.name} has confirmed LSN {format_lsn(state.confirmed_flush_lsn or 0)}, past the"
+            f" change log's checkpoint {format_lsn(checkpoint_lsn)}: transactions between the two were consumed by"
+            " something else and are not in the log. Nothing was advanced. Remedy: drop the slot and run"
+            " `cdc-assets setup` again, which takes a new initial snapshot"
         )
     return state
 

@@ -69,6 +69,7 @@ class SlotStream:
         status_seconds: float = STATUS_SECONDS,
         settings: dict[str, str] | None = None,
     ) -> None:
+        self.command = start_replication_command(config.slot, start_lsn, options)
         require_replication_role(conn)  # else the connection is refused with nothing to diagnose
         for publication in config.publication.split(","):  # PostgreSQL 18 only warns and sends nothing
             if not publication_exists(conn, publication.strip()):
@@ -77,7 +78,6 @@ class SlotStream:
         self._config = config
         self.confirmed = start_lsn
         self.last_lsn = start_lsn
-        self.command = start_replication_command(config.slot, start_lsn, options)
         self._frames: queue.Queue[MessageBlock | StreamPosition | ChildError | BaseException | _Ended] = queue.Queue(
             maxsize=QUEUED_FRAMES
         )

@@ -76,6 +76,7 @@ class StreamWriter:
         config: Config,
         store: LogStore,
         checkpoint: Checkpoint,
+        written: Written,
         new_assembler: Callable[[], TransactionAssembler],
         started: float,
         progress: Callable[[DrainProgress], None] | None,
@@ -86,7 +87,7 @@ class StreamWriter:
         self.checkpoint = checkpoint
         self.new_assembler = new_assembler
         self.assembler = new_assembler()
-        self.written = Written(checkpoint_lsn=checkpoint.lsn)
+        self.written = written  # counted up from here
         self.started = started
         self.progress = progress
         self.on_batch = on_batch

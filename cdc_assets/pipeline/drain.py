@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -53,29 +53,16 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class DrainResult:
-    """What a drain did: counts per table, the new checkpoint, and the slot afterwards."""
+class DrainResult(Written):
+    """What a drain did: what it made durable (counts per table, the new checkpoint), and the slot
+    afterwards."""
 
-    batches: int = 0
-    transactions: int = 0
-    changes: dict[str, int] = field(default_factory=dict)
-    messages: int = 0
-    checkpoint_lsn: int = 0
     start_lsn: int = 0
     reconnects: int = 0
     slot: SlotState | None = None
     held: HeldWal | None = None  # the WAL the slot holds behind restart_lsn, and what pins it
     retention: RetentionResult | None = None
     elapsed_s: float = 0.0
-
-    @property
-    def total_changes(self) -> int:
-        return sum(self.changes.values())
-
-    def count(self, written: Written) -> None:
-        """Take over what the drain's stream writer made durable."""
-        self.batches, self.transactions, self.messages = written.batches, written.transactions, written.messages
-        self.changes, self.checkpoint_lsn = written.changes, written.checkpoint_lsn
 
 
 def drain(
@@ -126,8 +113,8 @@ def drain(
                 streaming=source.streaming, catalog=catalog, describe=describe, slot=source.slot, spill_dir=spill_dir
             )
 
-        writer = StreamWriter(config, store, checkpoint, new_assembler, started, progress, on_batch)
-        result = DrainResult(start_lsn=checkpoint.lsn)
+        result = DrainResult(checkpoint_lsn=checkpoint.lsn, start_lsn=checkpoint.lsn)
+        writer = StreamWriter(config, store, checkpoint, result, new_assembler, started, progress, on_batch)
         deadline = None if upto_lsn is not None or follow <= 0 else started + follow
         while True:
             try:
@@ -143,7 +130,6 @@ def drain(
                 result.reconnects += 1
                 writer.restart()
                 time.sleep(pause)
-        result.count(writer.written)
         applied = {str(t.name): table_applied_lsn(config, t) for t in config.tables}
         result.retention = retain(config, ChangeLogReader(store), writer.checkpoint, applied)
         result.slot = read_slot(conn, source.slot)

@@ -210,7 +210,7 @@ def phase_timers(acc: dict[str, float]) -> Iterator[None]:
     """Time the drain's phases by wrapping library methods for the duration (restored after).
     Times are exclusive (a wrapped call inside another counts for itself only), on the calling
     thread only."""
-    import cdc_assets.pipeline.drain as drain_module
+    import cdc_assets.changelog.stream_writer as stream_writer
     from cdc_assets.changelog.writer import BatchWriter
     from cdc_assets.stream.reader import SlotStream
     from cdc_assets.transactions import TransactionAssembler
@@ -247,7 +247,7 @@ def phase_timers(acc: dict[str, float]) -> Iterator[None]:
     wrap(TransactionAssembler, "flush", "flush")
     wrap(TransactionAssembler, "end_session", "flush")
     wrap(BatchWriter, "close", "close")
-    wrap(drain_module, "write_checkpoint", "checkpoint")
+    wrap(stream_writer, "write_checkpoint", "checkpoint")
     try:
         yield
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable as RustDeltaTable
 
+from cdc_assets.apply import consistent_points
 from cdc_assets.apply.consistent_points import (
     ConsistentPoint,
     PointGoneError,
@@ -25,7 +26,9 @@ from cdc_assets.apply.consistent_points import (
     publish_point,
 )
 from cdc_assets.apply.maintenance import maintain_tables, vacuum_hours
+from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
+from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
 from tests.support.mirror import Mirror
 
@@ -317,3 +320,31 @@ def test_vacuum_keeps_the_latest_point_and_an_older_vacuumed_point_says_it_is_go
         point_tables(config, first)
     with pytest.raises(PointGoneError, match=gone):
         point_frames(spark, config, first)
+
+
+def test_the_points_table_is_tidied_as_it_grows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A point every few seconds must not leave a file each: past ``TIDY_FILES`` files, the points
+    older than the retention go (never the latest) and the rest is rewritten into one file."""
+    config = load_config(write_config(tmp_path, ["public.t"]), environ={DSN_VARIABLE: "dbname=unused"})
+    log = PointLog(config)
+    hour_us = 3_600_000_000
+    now_us = int(time.time() * 1_000_000)
+    for i in range(4):  # published 10.5, 9.5, 8.5 and 7.5 hours ago
+        age = (21 - 2 * i) * hour_us // 2
+        log.append(ConsistentPoint(100 + i, now_us - age, {"public.t": i}, now_us - age))
+    assert not log.append(ConsistentPoint(101, None, {"public.t": 9}, now_us))  # not past the latest: skipped
+    log.append(ConsistentPoint(200, now_us, {"public.t": 7}, now_us))
+    log.append(ConsistentPoint(201, now_us, {"public.t": 8}, now_us))
+    monkeypatch.setattr(consistent_points, "TIDY_FILES", 6)
+    log.tidy(keep_hours=8)
+    assert [p.lsn for p in log.points()] == [103, 200, 201]  # 7.5 hours old, and the recent ones
+    assert len(RustDeltaTable(log.path).file_uris()) == 1
+    log.tidy(keep_hours=1)  # below TIDY_FILES files: nothing to do
+    assert [p.lsn for p in log.points()] == [103, 200, 201]
+    monkeypatch.setattr(consistent_points, "TIDY_FILES", 1)
+    log.tidy(keep_hours=1)
+    assert [p.lsn for p in log.points()] == [200, 201] and log.latest() == ConsistentPoint(
+        201, now_us, {"public.t": 8}, now_us
+    )
+    log.tidy(keep_hours=0)
+    assert [p.lsn for p in log.points()] == [201]  # the latest point stays, whatever its age

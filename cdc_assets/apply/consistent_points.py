@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ from cdc_assets.apply.versions import AppliedVersion, applied_versions, version_
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
-from cdc_assets.config.model import is_uri, join_location
+from cdc_assets.config.model import DELTA_MIN_RETENTION_HOURS, is_uri, join_location
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import unix_time
@@ -41,6 +41,8 @@ from cdc_assets.pgoutput.messages import unix_time
 POINTS_FOLDER = ("_cdc", "consistent_points")
 CANDIDATES = 20
 """How many positions, newest first, are tried for a new point."""
+TIDY_FILES = 100
+"""Files of the points table past which publishing tidies it (:meth:`PointLog.tidy`)."""
 TIME_TYPE = pa.timestamp("us", tz="UTC")
 SCHEMA = pa.schema(
     [
@@ -147,6 +149,20 @@ class PointLog:
         return True
 
 
+    def tidy(self, keep_hours: int) -> None:
+        """Once the table has ``TIDY_FILES`` files: drop the points published more than
+        ``keep_hours`` ago (their versions are past VACUUM's retention) except the latest, and
+        rewrite the rest into one file — a point every few seconds must not leave a file each."""
+        table = open_table(self.path, self.storage_options)
+        if table is None or len(table.file_uris()) < TIDY_FILES:
+            return
+        latest = pc.max(table.to_pyarrow_table(columns=["lsn"]).column("lsn")).as_py()
+        cutoff = datetime.fromtimestamp(time.time() - keep_hours * 3600, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+        table.delete(f"published < '{cutoff}' AND lsn < {latest}")
+        table.optimize.compact()
+        table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+
+
 def _point(row: dict[str, Any]) -> ConsistentPoint:
     commit_time, published = row["commit_time"], row["published"]
     return ConsistentPoint(
@@ -214,6 +230,7 @@ def publish_point(config: Config) -> ConsistentPoint | str:
     published = ConsistentPoint(found.lsn, found.commit_time_us, found.tables, time.time_ns() // 1000)
     if not log.append(published):
         return f"a point at or past {format_lsn(found.lsn)} was published meanwhile"
+    log.tidy(config.warehouse.maintenance.vacuum_retention_hours or DELTA_MIN_RETENTION_HOURS)
     return published
 
 

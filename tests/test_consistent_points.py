@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable as RustDeltaTable
+from deltalake import QueryBuilder
 
 from cdc_assets.apply import consistent_points
 from cdc_assets.apply.consistent_points import (
@@ -22,10 +24,13 @@ from cdc_assets.apply.consistent_points import (
     PointLog,
     point_files_since,
     point_frames,
+    point_query,
     point_tables,
     publish_point,
 )
 from cdc_assets.apply.maintenance import maintain_tables, vacuum_hours
+from cdc_assets.apply.runner import apply_tables
+from cdc_assets.apply.target import delta_table_exists
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from tests.support.config_file import DSN_VARIABLE, write_config
@@ -46,12 +51,16 @@ def _contents(spark: Any, mirror: Mirror, point: ConsistentPoint) -> dict[str, s
     """Each table of ``point`` read with Spark and with delta-rs (asserted equal)."""
     frames = point_frames(spark, mirror.config(), point)
     read = {name: {(r["id"], r["v"]) for r in frame.select("id", "v").collect()} for name, frame in frames.items()}
-    rust = {
-        name: {(r["id"], r["v"]) for r in table.to_pyarrow_table(columns=["id", "v"]).to_pylist()}
-        for name, table in point_tables(mirror.config(), point).items()
-    }
+    query = point_query(mirror.config(), point)
+    rust = {name: {(r["id"], r["v"]) for r in _rows(query, name, "id, v")} for name in frames}
     assert read == rust
     return read
+
+
+def _rows(query: QueryBuilder, table: str, columns: str) -> list[dict[str, Any]]:
+    """``table`` of a point read with delta-rs (its query engine, as :func:`point_query` registers it)."""
+    batches = query.execute(f"SELECT {columns} FROM {table.replace('.', '_')}")
+    return pa.RecordBatchReader.from_stream(batches).read_all().to_pylist()
 
 
 def test_a_point_is_published_only_for_a_position_every_table_holds_whole(
@@ -128,7 +137,7 @@ def test_a_point_is_published_only_for_a_position_every_table_holds_whole(
 # -- a bank under load: points are the only reads that always balance --------------------------------
 
 ACCOUNTS, OPENING = 20, 1_000
-KILLS = 3  # SIGKILLs of `apply --consistent` that landed before it ended
+KILLS = 2  # SIGKILLs of `apply --consistent` that landed before it ended
 BANK = ("public.accounts", "public.ledger", "public.side_a", "public.side_b")
 
 
@@ -156,7 +165,7 @@ class Transfers:
 
     def _run(self) -> None:
         try:
-            while not self._stop.wait(0.01):
+            while not self._stop.wait(0.05):
                 a, b = self._rng.sample(range(1, ACCOUNTS + 1), 2)
                 amount = self._rng.randint(1, 50)
                 with self._conn.transaction():
@@ -198,8 +207,9 @@ def _bank_problems(accounts: list[dict[str, Any]], ledger: list[dict[str, Any]])
 def test_every_point_balances_under_load_and_kills_while_the_latest_versions_do_not(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:
-    """Transfers commit all along; rounds of a drain then either ``cdc-assets apply --consistent``
-    (SIGKILLed at a random moment in most rounds) or merges of one table alone. Every point
+    """Transfers commit all along; rounds of a drain, then in turn: every table merged and the
+    point published; one table merged alone; ``cdc-assets apply --consistent`` SIGKILLed at a
+    random moment (or left to finish). Every point
     published, read with Spark and with delta-rs, balances: the total, and every account against its
     ledger lines; the tables' latest versions, read without a point, do not at least once."""
     rng = random.Random(20261128)
@@ -223,35 +233,39 @@ def test_every_point_balances_under_load_and_kills_while_the_latest_versions_do_
             if point.lsn in checked:
                 continue
             frames = point_frames(spark, config, point)
-            rust = point_tables(config, point)
+            query = point_query(config, point)
             reads = {
                 "Spark": [[r.asDict() for r in frames[t].collect()] for t in ("public.accounts", "public.ledger")],
-                "delta-rs": [rust[t].to_pyarrow_table().to_pylist() for t in ("public.accounts", "public.ledger")],
+                "delta-rs": [_rows(query, t, "*") for t in ("public.accounts", "public.ledger")],
             }
             for reader, (accounts, ledger) in reads.items():
                 problems = _bank_problems(accounts, ledger)
                 assert not problems, f"the point at {format_lsn(point.lsn)} read by {reader}: {problems}"
             checked.add(point.lsn)
 
-    deadline = time.monotonic() + 1200
+    deadline = time.monotonic() + 900
     with Transfers(pg, seed=7) as transfers:
         for round_ in itertools.count():
             if kills >= KILLS and len(checked) >= 2 and unbalanced_latest:
                 break
             assert time.monotonic() < deadline, f"after {round_} rounds: {kills} kills, {len(checked)} points"
             mirror.drain()
-            if round_ % 3 == 1:  # one table merged alone: its latest version runs ahead of the other's
+            if round_ % 3 == 0:  # every table to the same checkpoint, then the point (in this process)
+                apply_tables(config, spark)
+                assert isinstance(publish_point(config), ConsistentPoint)
+            elif round_ % 3 == 1:  # one table merged alone: its latest version runs ahead of the other's
                 mirror.apply([rng.choice(["public.accounts", "public.ledger"])])
-            else:
+            else:  # the command, SIGKILLed at a random moment of its merges or its point, or not
                 running = mirror.popen("apply", "--consistent")
                 try:
-                    running.wait(timeout=rng.uniform(3.0, 30.0))
+                    running.wait(timeout=rng.uniform(8.0, 30.0))
                 except subprocess.TimeoutExpired:
                     running.kill()
                     kills += 1
                 running.communicate()
-            latest = {t: mirror.delta(t) for t in ("public.accounts", "public.ledger")}
-            unbalanced_latest += bool(_bank_problems(latest["public.accounts"], latest["public.ledger"]))
+            if all(delta_table_exists(mirror.path(t)) for t in ("public.accounts", "public.ledger")):
+                latest = {t: mirror.delta(t) for t in ("public.accounts", "public.ledger")}
+                unbalanced_latest += bool(_bank_problems(latest["public.accounts"], latest["public.ledger"]))
             check_points()
         assert transfers.count > 100
     mirror.drain()

@@ -25,7 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, QueryBuilder, Transaction, write_deltalake
+from deltalake import DeltaTable as RustDeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.apply.target import app_id, open_table
@@ -105,8 +106,7 @@ class PointLog:
         table = open_table(self.path, self.storage_options)
         if table is None:
             return []
-        rows = table.to_pyarrow_table(columns=[f.name for f in SCHEMA]).sort_by("lsn")
-        return [_point(row) for row in rows.to_pylist()]
+        return sorted((_point(row) for row in _read_points(table).to_pylist()), key=lambda point: point.lsn)
 
     def latest(self) -> ConsistentPoint | None:
         points = self.points()
@@ -148,7 +148,6 @@ class PointLog:
         )
         return True
 
-
     def tidy(self, keep_hours: int) -> None:
         """Once the table has ``TIDY_FILES`` files: drop the points published more than
         ``keep_hours`` ago (their versions are past VACUUM's retention) except the latest, and
@@ -156,11 +155,20 @@ class PointLog:
         table = open_table(self.path, self.storage_options)
         if table is None or len(table.file_uris()) < TIDY_FILES:
             return
-        latest = pc.max(table.to_pyarrow_table(columns=["lsn"]).column("lsn")).as_py()
+        latest = pc.max(_read_points(table).column("lsn")).as_py()
         cutoff = datetime.fromtimestamp(time.time() - keep_hours * 3600, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
         table.delete(f"published < '{cutoff}' AND lsn < {latest}")
         table.optimize.compact()
         table.vacuum(retention_hours=1, dry_run=False, enforce_retention_duration=False)
+
+
+def _read_points(table: RustDeltaTable) -> pa.Table:
+    """Every row of the points table, read by delta-rs's query engine (its pyarrow dataset path
+    leaves a process that aborts at exit, now and then)."""
+    names = ", ".join(f.name for f in SCHEMA)
+    return pa.RecordBatchReader.from_stream(
+        QueryBuilder().register("points", table).execute(f"SELECT {names} FROM points")
+    ).read_all()
 
 
 def _point(row: dict[str, Any]) -> ConsistentPoint:
@@ -194,7 +202,7 @@ def find_point(config: Config, reader: ChangeLogReader, after: ConsistentPoint |
     positions = {checkpoint.lsn} | {
         v.applied_lsn for versions in histories.values() for v in versions if v.applied_lsn is not None
     }
-    why = f"no position past {format_lsn(floor)} to try"
+    why = "no position to try" if after is None else f"no position past {format_lsn(floor)} to try"
     for lsn in sorted((p for p in positions if floor < p <= checkpoint.lsn), reverse=True)[:CANDIDATES]:
         versions: dict[str, int] = {}
         for name, history in histories.items():
@@ -288,6 +296,16 @@ def _missing_files(config: Config, uris: list[str]) -> list[str]:
     filesystem = config.storage.filesystem(uris[0])[0] if is_uri(uris[0]) else pafs.LocalFileSystem()
     paths = [uri.partition("://")[2] if is_uri(uri) else uri for uri in uris]
     return [uri for uri, info in zip(uris, filesystem.get_file_info(paths)) if info.type == pafs.FileType.NotFound]
+
+
+def point_query(config: Config, point: ConsistentPoint) -> QueryBuilder:
+    """delta-rs's SQL engine (DataFusion) with each table of ``point`` registered at its version
+    as ``<schema>_<table>`` — delta-rs's pyarrow path reads neither deletion vectors nor column
+    mapping, which the mirrors use; its query engine does."""
+    query = QueryBuilder()
+    for name, table in point_tables(config, point).items():
+        query.register(name.replace(".", "_"), table)
+    return query
 
 
 def point_frames(spark: SparkSession, config: Config, point: ConsistentPoint) -> dict[str, DataFrame]:

@@ -63,6 +63,7 @@ def _rows(query: QueryBuilder, table: str, columns: str) -> list[dict[str, Any]]
     return pa.RecordBatchReader.from_stream(batches).read_all().to_pylist()
 
 
+@pytest.mark.slow
 def test_a_point_is_published_only_for_a_position_every_table_holds_whole(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:
@@ -289,6 +290,7 @@ def _contents_equal_source(spark: Any, mirror: Mirror, point: ConsistentPoint) -
     return True
 
 
+@pytest.mark.slow
 def test_vacuum_keeps_the_latest_point_and_an_older_vacuumed_point_says_it_is_gone(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:

@@ -124,6 +124,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     apply = command("apply", "merge the change log into the Delta tables", _apply)
     apply.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
+    apply.add_argument(
+        "--consistent",
+        action="store_true",
+        help="merge every table up to the same checkpoint, then publish the consistent point they make",
+    )
+    point = command(
+        "consistent-point",
+        "the latest consistent point (every table's Delta version as of one source position)",
+        _consistent_point,
+    )
+    point.add_argument("--json", action="store_true", help="print JSON")
+    point.add_argument("--at", metavar="LSN|TIME", help="the latest point at or before an LSN (X/X) or an ISO time")
     maintain = command("maintain", "compact, purge deletion vectors and vacuum the Delta tables when due", _maintain)
     maintain.add_argument("--table", action="append", metavar="T", help="only this table (schema.table); repeatable")
     sync = command("sync", "drain, then apply (and with --maintain, maintain)", _sync)
@@ -259,7 +271,41 @@ def _apply(args: argparse.Namespace, config: Config | None = None, spark: SparkS
 
     if spark is None:  # nothing to apply before setup: say so before starting Spark
         require_checkpoint(changelog_store(config))
+    consistent = getattr(args, "consistent", False)
+    if consistent and getattr(args, "table", None):
+        raise ConfigError("apply --consistent merges every table: it takes no --table")
     apply_tables(config, spark or _spark(config), getattr(args, "table", None), progress=show)
+    if consistent:
+        from cdc_assets.apply.consistent_points import publish_point
+
+        point = publish_point(config)
+        print(
+            f"consistent point {point.summary()}" if not isinstance(point, str) else f"no new consistent point: {point}"
+        )
+    return 0
+
+
+def _consistent_point(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from cdc_assets.apply.consistent_points import PointLog
+    from cdc_assets.lsn import parse_lsn
+
+    log = PointLog(_config(args))
+    if args.at is None:
+        point = log.latest()
+    elif "/" in args.at:
+        point = log.at(lsn=parse_lsn(args.at))
+    else:
+        try:
+            when = datetime.fromisoformat(args.at.replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"--at {args.at!r} is neither an LSN (X/X) nor an ISO 8601 time") from None
+        point = log.at(when=when if when.tzinfo else when.astimezone())
+    if point is None:
+        where = f" at or before {args.at}" if args.at else ""
+        raise CdcError(f"no consistent point{where} in {log.path}")
+    print(json.dumps(point.to_json(), indent=2) if args.json else point.summary())
     return 0
 
 
@@ -294,7 +340,12 @@ def _sync(args: argparse.Namespace) -> int:
     follow = config.drain.follow_seconds if args.follow is None else args.follow
     if follow > 0:  # merge after each durable batch while the drain follows
         spark = _spark(config)
-        with MergeFollower(config, spark, lambda applied: print(applied.summary(), flush=True)) as merges:
+        with MergeFollower(
+            config,
+            spark,
+            lambda applied: print(applied.summary(), flush=True),
+            lambda point: print(f"consistent point {point.summary()}", flush=True),
+        ) as merges:
             _drain(args, config, on_batch=lambda _: merges.batch_durable())
     else:
         _drain(args, config)

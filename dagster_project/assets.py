@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 import dagster as dg
 from dagster import AssetExecutionContext
 
+from cdc_assets.apply.consistent_points import ConsistentPoint
 from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.apply.history import history_rows, write_history
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
@@ -28,6 +29,7 @@ from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
+from dagster_project.consistent import POINT_KEY, point_metadata
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.run_tags import MERGES_TAG
 from dagster_project.settings import Settings
@@ -107,11 +109,15 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             metadata = table_metadata(applied, mirror_row_count(session, config, table))
             context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata=metadata))
 
+        def published(point: ConsistentPoint) -> None:
+            context.log.info(f"consistent point {point.summary()}")
+            context.log_event(dg.AssetMaterialization(asset_key=POINT_KEY, metadata=point_metadata(config, point)))
+
         def durable(batch: DurableBatch) -> None:
             reports(batch)
             merges.batch_durable()
 
-        with MergeFollower(config, session, merged) as merges:
+        with MergeFollower(config, session, merged, published) as merges:
             result = drain(config, wait=True, progress=log, on_batch=durable)
         return dg.MaterializeResult(metadata=drain_metadata(result))
 

@@ -1,5 +1,5 @@
 """The drain schedule (and, with ``schedule.drain_lag_bytes``, a drain sensor on the slot's lag),
-and one merge sensor per table.
+one merge sensor per table, and the consistent point's sensor.
 
 A table's sensor compares two small things — the change log's checkpoint file (the end LSN of the
 last transaction that changed the table) and the Delta log's recorded applied LSN (read with
@@ -35,8 +35,10 @@ from dagster import SensorEvaluationContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._time import get_current_timestamp  # the clock that stamps Dagster's events
 
+from cdc_assets.apply.consistent_points import PointLog, find_point
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
@@ -44,7 +46,7 @@ from cdc_assets.source.connection import connect
 from cdc_assets.source.slots import read_slot
 from dagster_project.assets import table_slug
 from dagster_project.resources import CdcSource
-from dagster_project.run_tags import DRAIN_TAG, MERGES_TAG, TABLE_TAG
+from dagster_project.run_tags import DRAIN_TAG, MERGES_TAG, POINT_TAG, TABLE_TAG
 from dagster_project.settings import Settings
 
 IN_FLIGHT = [
@@ -72,18 +74,27 @@ def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
 
 
 def build_drain_job(
-    settings: Settings, changelog: dg.AssetsDefinition, mirrors: list[dg.AssetsDefinition]
+    settings: Settings,
+    changelog: dg.AssetsDefinition,
+    mirrors: list[dg.AssetsDefinition],
+    point: dg.AssetsDefinition | None,
 ) -> UnresolvedAssetJobDefinition:
     """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``
     and evaluate the drain's ``slot_held_wal`` check after the drain (selecting an asset selects its
-    checks). With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``)."""
+    checks). With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``), then
+    publishes the consistent point they make (``point``, when points are on)."""
     slot = settings.config.source.slot
     if not settings.config.schedule.merge_with_drain:
         return automation_job("cdc_drain", [changelog], tags={DRAIN_TAG: slot})
-    selection: dg.AssetSelection = dg.AssetSelection.assets(changelog)
+    selection: dg.AssetSelection = dg.AssetSelection.assets(changelog, *([] if point is None else [point]))
     for mirror in mirrors:
         selection = selection | merge_selection(mirror)
     return automation_job("cdc_drain", selection, tags={DRAIN_TAG: slot, MERGES_TAG: slot})
+
+
+def build_point_job(settings: Settings, point: dg.AssetsDefinition) -> UnresolvedAssetJobDefinition:
+    """The job of the consistent point's sensor (its runs carry ``cdc/point``)."""
+    return automation_job("cdc_consistent_point", [point], tags={POINT_TAG: settings.config.source.slot})
 
 
 def build_drain_schedule(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
@@ -195,3 +206,31 @@ def confirm_current(
         "write": f"none: current, no change to {table} since the last merge",
     }
     return dg.SensorResult(asset_events=[dg.AssetMaterialization(key, metadata=metadata)], cursor=str(checkpoint_lsn))
+
+
+def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
+    config = settings.config
+    slot = config.source.slot
+    in_flight = [({POINT_TAG: slot}, "a run publishing a point is queued or running")]
+    if config.schedule.merge_with_drain:
+        in_flight.append(({MERGES_TAG: slot}, "a drain run, which publishes the point, is queued or running"))
+
+    @dg.sensor(
+        name="cdc_consistent_point",
+        target=job,
+        minimum_interval_seconds=config.schedule.merge_check_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Requests a run publishing a consistent point when every mirror holds a newer source position.",
+    )
+    def point_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        for tags, busy in in_flight:
+            if context.instance.get_runs_count(dg.RunsFilter(tags=tags, statuses=IN_FLIGHT)):
+                return dg.SkipReason(busy)
+        if ChangeLogReader(changelog_store(config)).checkpoint() is None:
+            return dg.SkipReason("the change log is not set up yet")
+        found = find_point(config, ChangeLogReader(changelog_store(config)), PointLog(config).latest())
+        if isinstance(found, str):
+            return dg.SkipReason(f"no new consistent point: {found}")
+        return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"point@{found.lsn}")])
+
+    return point_sensor

@@ -15,8 +15,16 @@ from dagster_project.assets import (
     build_rebuild_asset,
     build_snapshot_asset,
 )
-from dagster_project.automation import build_drain_job, build_drain_schedule, build_drain_sensor, build_table_sensor
+from dagster_project.automation import (
+    build_consistent_point_sensor,
+    build_drain_job,
+    build_drain_schedule,
+    build_drain_sensor,
+    build_point_job,
+    build_table_sensor,
+)
 from dagster_project.checks import build_held_wal_check, build_lag_check, build_parity_check
+from dagster_project.consistent import build_consistent_point_asset
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
@@ -25,16 +33,20 @@ from dagster_project.verify import build_verify_asset
 
 def build_definitions(settings: Settings) -> dg.Definitions:
     """The drain asset, its held-WAL check and its schedule; per table a mirror asset, a sensor, a
-    maintenance asset and its schedule, a history asset and checks; the snapshot, rebuild and verify
-    assets; the resources."""
+    maintenance asset and its schedule, a history asset and checks; the consistent point and its
+    sensor; the snapshot, rebuild and verify assets; the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
     start = _history_start(settings)
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
     maintenance = {table.name: build_maintenance_asset(settings, table) for table in config.tables}
     lag = config.schedule.drain_lag_bytes
-    drain = build_drain_job(settings, changelog, list(mirrors.values()))
+    point = (
+        build_consistent_point_asset(settings, list(mirrors.values())) if config.warehouse.consistent_points else None
+    )
+    drain = build_drain_job(settings, changelog, list(mirrors.values()), point)
     drain_sensors = [] if lag is None else [build_drain_sensor(settings, drain, lag)]
+    points = [] if point is None else [point]
     return dg.Definitions(
         assets=[
             changelog,
@@ -42,6 +54,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             build_rebuild_asset(settings),
             build_verify_asset(settings),
             *mirrors.values(),
+            *points,
             *maintenance.values(),
             *(build_history_asset(settings, table, start) for table in config.tables),
         ],
@@ -59,6 +72,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         ],
         sensors=[
             *drain_sensors,
+            *(build_consistent_point_sensor(settings, build_point_job(settings, p)) for p in points),
             *(build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables),
         ],
         executor=dg.multiprocess_executor.configured({"max_concurrent": config.schedule.run_max_concurrent}),

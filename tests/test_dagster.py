@@ -52,6 +52,7 @@ from dagster_project.assets import (
     history_key,
     history_path,
 )
+from dagster_project.consistent import POINT_KEY
 from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
 from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
@@ -65,6 +66,7 @@ from tests.support.dagster_env import (
     SLOT,
     TABLES,
     DagsterEnv,
+    SensorTick,
     ThreadRunLauncher,
     execute,
     load_code_location,
@@ -169,6 +171,20 @@ def materialization(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict
     return {k: v.value for k, v in events[0].materialization.metadata.items()}
 
 
+def publish_requested_point(env: DagsterEnv) -> dict[str, Any]:
+    """One tick of the consistent point's sensor, which must request a run; that run executed as
+    the daemon would; the point's materialization. A second tick finds nothing new."""
+    sensor = env.defs.resolve_sensor_def("cdc_consistent_point")
+    context = dg.build_sensor_context(instance=env.instance, definitions=env.defs)
+    [request] = sensor.evaluate_tick(context).run_requests
+    assert request.run_key == f"point@{env.checkpoint_lsn()}"
+    result = env.execute_request(SensorTick("", sensor, [request], None, None), request)
+    assert result.dagster_run.tags["cdc/point"] == SLOT
+    again = sensor.evaluate_tick(context)
+    assert not again.run_requests and "no new consistent point" in (again.skip_message or ""), again.skip_message
+    return materialization(result, POINT_KEY)
+
+
 def drain_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
     return materialization(result, CHANGELOG_KEY)
 
@@ -194,13 +210,13 @@ def dg_command(*args: str, config: Path, dsn: str | None = None) -> subprocess.P
 
 def expected_keys() -> dict[str, set[str]]:
     return {
-        "assets": {"cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify"}
+        "assets": {"cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify", "cdc/consistent_point"}
         | {f"delta/{t.replace('.', '/')}" for t in TABLES}
         | {f"history/{t.replace('.', '/')}" for t in TABLES}
         | {f"maintenance/{t.replace('.', '/')}" for t in TABLES},
         "checks": {"cdc/changelog:slot_held_wal"}
         | {f"delta/{t.replace('.', '/')}:{check}" for t in TABLES for check in ("parity", "lag")},
-        "sensors": {f"cdc_merge__{t.replace('.', '__')}" for t in TABLES},
+        "sensors": {"cdc_consistent_point"} | {f"cdc_merge__{t.replace('.', '__')}" for t in TABLES},
         "schedules": {"cdc_drain_schedule"} | {f"cdc_maintain__{t.replace('.', '__')}" for t in TABLES},
     }
 
@@ -287,6 +303,10 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         assert metadata["delta_version"] == env.version(table)
         # A merge run brings its cheap lag check along, never the parity check (a full source scan).
         assert set(check_results(result)) == {(table, "lag")} and check_results(result)[(table, "lag")].passed
+    # Every mirror holds the checkpoint: the point's sensor requests a run that publishes it, once.
+    point = publish_requested_point(env)
+    assert point["lsn"] == format_lsn(env.checkpoint_lsn()) and point["lag_bytes"] == 0
+    assert point["tables"] == {t: env.version(t) for t in TABLES}
 
     for number, (transactions, changes, merged) in enumerate(
         ((ROUND_1, ROUND_1_CHANGES, ROUND_1_MERGED), (ROUND_2, ROUND_2_CHANGES, ROUND_2_MERGED)), start=1

@@ -430,9 +430,10 @@ def test_pipeline_config_loads_and_builds_the_code_location(
         "cdc/snapshot",
         "cdc/rebuild",
         "cdc/verify",
+        "cdc/consistent_point",
         "delta/public/orders",
         "maintenance/public/orders",
         "history/public/orders",
     }
     assert defs.resolve_schedule_def("cdc_drain_schedule").cron_schedule == config.schedule.drain_cron
-    assert {s.name for s in defs.sensors or []} == {"cdc_merge__public__orders"}
+    assert {s.name for s in defs.sensors or []} == {"cdc_merge__public__orders", "cdc_consistent_point"}

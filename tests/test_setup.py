@@ -196,12 +196,8 @@ def test_setup_cli_status_and_rerun(pg: Database, tmp_path: Path) -> None:
     pipe.assert_mirrors()
     status = pipe.cli("status", "--json").json
     ends = pipe.reader.transactions().column("end_lsn").to_pylist()
-    assert (
-        status["checkpoint_lsn"]
-        == status["slot"]["confirmed_flush_lsn"]
-        == format_lsn(after.lsn)
-        == format_lsn(ends[-1])
-    )
+    assert status["checkpoint_lsn"] == status["slot"]["confirmed_flush_lsn"] == format_lsn(after.lsn)
+    assert after.lsn >= ends[-1]  # the last transaction's end, or a later position the server reported
     assert status["snapshot_lsn"] == lsn
     assert {n: (t["last_change_lsn"], t["schema_version"]) for n, t in status["tables"].items()} == {
         "public.t": (format_lsn(ends[1]), 1),

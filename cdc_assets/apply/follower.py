@@ -10,7 +10,9 @@ queued behind a long merge are not held to the position of an older look. What a
 exactly what ``cdc-assets apply`` does for the table, under the table's write lock on the source
 (:class:`~cdc_assets.source.lock.TableWriteLock`), which the table's maintenance takes too: no
 Dagster pool orders a follower's merges. A failed merge stops the follower, and the drain's next
-durable batch raises its error.
+durable batch raises its error. Whenever the merges have caught up (nothing queued, nothing
+merging), the follower publishes the consistent point the tables make, if it is new
+(``warehouse.consistent_points``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from types import TracebackType
 
 from pyspark.sql import SparkSession
 
+from cdc_assets.apply.consistent_points import ConsistentPoint, publish_point
 from cdc_assets.apply.runner import TableApplied, apply_table
 from cdc_assets.apply.session import table_session
 from cdc_assets.apply.target import table_applied_lsn
@@ -40,10 +43,17 @@ class MergeFollower:
     batches brought and waits for it; leaving it on an exception lets the merges under way finish
     and starts no other."""
 
-    def __init__(self, config: Config, spark: SparkSession, on_applied: Callable[[TableApplied], None]) -> None:
+    def __init__(
+        self,
+        config: Config,
+        spark: SparkSession,
+        on_applied: Callable[[TableApplied], None],
+        on_point: Callable[[ConsistentPoint], None] | None = None,
+    ) -> None:
         self._config = config
         self._spark = spark
         self._on_applied = on_applied
+        self._on_point = on_point
         self._configured = {str(table.name) for table in config.tables}
         self._seen: dict[str, TableState] | None = None
         self._changed = threading.Event()  # a batch is durable: look for tables to merge
@@ -135,7 +145,10 @@ class MergeFollower:
                             if table in self._again:
                                 self._again.discard(table)
                                 self._queue.append(table)
+                            lined_up = not self._queue and not self._merging
                             self._lock.notify_all()
+                    if lined_up and self._config.warehouse.consistent_points:
+                        self._publish_point()
         except BaseException as error:  # noqa: BLE001 - handed to the drain's thread, which raises it
             self._failed(error)
 
@@ -160,6 +173,12 @@ class MergeFollower:
             result = apply_table(self._config, self._config.table(table), session, reader, checkpoint.lsn)
         if result.skipped is None:
             self._on_applied(result)
+
+    def _publish_point(self) -> None:
+        """Every due table is merged: publish the consistent point the tables make, if new."""
+        point = publish_point(self._config)
+        if not isinstance(point, str) and self._on_point is not None:
+            self._on_point(point)
 
     def _due(self) -> list[str]:
         """The configured tables whose checkpoint entry changed since the last look (at the first

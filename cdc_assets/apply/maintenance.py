@@ -8,7 +8,9 @@ Per table, in Delta SQL (which also works over Spark Connect), each step only wh
    vectors of the files it rewrites go with them;
 2. ``REORG TABLE … APPLY (PURGE)`` once ``purge_min_deletion_vectors`` files still carry one;
 3. ``VACUUM … RETAIN <hours> HOURS``: deletes files that left the table more than the retention
-   ago (the configuration refuses a retention below Delta's safety check).
+   ago (the configuration refuses a retention below Delta's safety check) — but never a file the
+   table's version in the latest consistent point reads: the retention grows to reach back to
+   the commit that followed that version.
 
 None of these commits carries the idempotent-write marker, and none removes one: Delta keeps the
 latest ``SetTransaction`` of each application id through every later commit and checkpoint, so a
@@ -22,12 +24,14 @@ are removed when a checkpoint is written.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from cdc_assets.apply.consistent_points import point_files_since
 from cdc_assets.apply.runner import delta_target
 from cdc_assets.apply.table_files import TableFiles, table_files
 from cdc_assets.apply.target import DeltaTarget, backquote
@@ -69,8 +73,15 @@ class Maintained:
         )
 
 
-def maintain_table(target: DeltaTarget, settings: MaintenanceConfig, name: str, key: str | None = None) -> Maintained:
-    """Run the maintenance steps due on ``target``; ``key`` is the column ``zorder`` orders by."""
+def maintain_table(
+    target: DeltaTarget,
+    settings: MaintenanceConfig,
+    name: str,
+    key: str | None = None,
+    keep_since_ms: int | None = None,
+) -> Maintained:
+    """Run the maintenance steps due on ``target``; ``key`` is the column ``zorder`` orders by;
+    VACUUM keeps every file removed since ``keep_since_ms`` (ms since 1970), whatever the retention."""
     started = time.monotonic()
     result = Maintained(name, target.path)
     if not target.exists():
@@ -87,14 +98,23 @@ def maintain_table(target: DeltaTarget, settings: MaintenanceConfig, name: str, 
         target.spark.sql(f"REORG TABLE {target.sql_name} APPLY (PURGE)").collect()
         steps.append("REORG PURGE")
     if settings.vacuum_retention_hours:
-        target.spark.sql(f"VACUUM {target.sql_name} RETAIN {settings.vacuum_retention_hours} HOURS").collect()
-        steps.append("VACUUM")
+        hours = vacuum_hours(settings.vacuum_retention_hours, keep_since_ms, time.time() * 1000)
+        target.spark.sql(f"VACUUM {target.sql_name} RETAIN {hours} HOURS").collect()
+        steps.append("VACUUM" if hours == settings.vacuum_retention_hours else f"VACUUM (retaining {hours} hours)")
         result.vacuumed_files = _vacuumed_files(target)
     result.steps = tuple(steps)
     result.after = table_files(target.path, target.storage_options)
     result.applied_lsn = target.applied_lsn()
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+def vacuum_hours(configured: int, keep_since_ms: int | None, now_ms: float) -> int:
+    """VACUUM's retention: the configured hours, or more, so that every file removed since
+    ``keep_since_ms`` stays (one hour to spare)."""
+    if keep_since_ms is None:
+        return configured
+    return max(configured, math.ceil((now_ms - keep_since_ms) / 3_600_000) + 1)
 
 
 def maintain_tables(
@@ -119,9 +139,9 @@ def maintain_configured_table(config: Config, table: TableConfig, spark: SparkSe
     following drain's merges of the table wait meanwhile, and it waits for theirs)."""
     name = str(table.name)
     with TableWriteLock(config.source, name):
-        return maintain_table(
-            delta_target(config, table, spark), config.warehouse.maintenance, name, first_key_column(config, name)
-        )
+        target = delta_target(config, table, spark)
+        keep = point_files_since(config, name)
+        return maintain_table(target, config.warehouse.maintenance, name, first_key_column(config, name), keep)
 
 
 def first_key_column(config: Config, table: str) -> str | None:

@@ -42,6 +42,8 @@ DEFAULT_TABLE_PROPERTIES = {
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+APPLIED_KEY = "cdc_assets_applied_lsn"
+"""The key of a data commit's user metadata (a JSON object) that holds the LSN it applied."""
 METADATA_COLUMNS = (DeltaColumn.LSN, DeltaColumn.COMMIT_TIME)
 
 
@@ -55,7 +57,7 @@ def applied_lsn(
 ) -> int | None:
     """The change-log checkpoint a Delta table (at ``version``: its latest by default) was last
     brought to (None: no table, or never)."""
-    table = _open(path, storage_options, version)
+    table = open_table(path, storage_options, version)
     return None if table is None else table.transaction_version(app)
 
 
@@ -68,16 +70,16 @@ def table_applied_lsn(config: Config, table: TableConfig) -> int | None:
 
 def latest_version(path: str, storage_options: dict[str, str] | None = None) -> int | None:
     """The Delta table's latest version (None: there is no table)."""
-    table = _open(path, storage_options)
+    table = open_table(path, storage_options)
     return None if table is None else table.version()
 
 
 def delta_table_exists(path: str, storage_options: dict[str, str] | None = None) -> bool:
     """Whether ``path`` holds a Delta table."""
-    return _open(path, storage_options) is not None
+    return open_table(path, storage_options) is not None
 
 
-def _open(path: str, storage_options: dict[str, str] | None, version: int | None = None) -> RustDeltaTable | None:
+def open_table(path: str, storage_options: dict[str, str] | None, version: int | None = None) -> RustDeltaTable | None:
     """The Delta table at ``path`` (at ``version``: its latest by default) read with delta-rs
     (None: there is none)."""
     try:
@@ -148,7 +150,7 @@ class DeltaTarget:
         return table.version(), {name: int(value) for name, value in metrics.items()}
 
     def _table(self) -> RustDeltaTable:
-        table = _open(self.path, self.storage_options)
+        table = open_table(self.path, self.storage_options)
         if table is None:
             raise StorageError(f"no Delta table at {self.path}")
         return table
@@ -217,7 +219,7 @@ class DeltaTarget:
         idempotency marker: the table's recorded version stays ``lsn``.
         """
         view = f"cdc_source_{uuid.uuid4().hex}"
-        settings = {USER_METADATA: json.dumps({"cdc_assets_applied_lsn": lsn})}
+        settings = {USER_METADATA: json.dumps({APPLIED_KEY: lsn})}
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
         conf = self.spark.conf

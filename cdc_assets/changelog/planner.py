@@ -23,7 +23,7 @@ ordered fold in Python, so planning stays cheap for large batches.
 The consumer-side row filter is evaluated by the merge on the final images, where the Delta
 table itself says whether the old image matched (see :mod:`cdc_assets.apply.merge`).
 
-One module of ~500 lines on purpose: the three plans share one event table (:class:`_Events`)
+One module of ~570 lines on purpose: the three plans share one event table (:class:`_Events`)
 and its helpers, and the keyed plan's vectorized path and its fold are two halves of one rule
 (last image wins, TOAST filled in order); apart, each would need the other's private details.
 """

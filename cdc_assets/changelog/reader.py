@@ -75,11 +75,7 @@ class ChangeLogReader:
         (``upto`` defaults to the checkpoint; the segments are listed at the call). ``committed_since_us``:
         skip segments whose footer says every change in them committed before then (µs since 1970)."""
         limit = self._limit(upto)
-        segments = self.segments(table_folder(table), limit)
-        # A batch holds end LSNs in (its start, next batch's start]: skip batches wholly <= after.
-        starts = sorted({s.name.batch_start for s in segments})
-        first = max([b for b in starts if b <= after] or [starts[0] if starts else 0])
-        wanted = [s for s in segments if s.name.batch_start >= first]
+        wanted = _batches_after(self.segments(table_folder(table), limit), after)
         return self._read_segments(table, wanted, after, limit, committed_since_us)
 
     def _read_segments(
@@ -172,10 +168,19 @@ class ChangeLogReader:
     def _read_log(self, folder: str, column: str, after: int, upto: int | None) -> pa.Table:
         limit = self._limit(upto)
         tables = [
-            pq.read_table(self.store.path(s.path), filesystem=self.store.fs) for s in self.segments(folder, limit)
+            pq.read_table(self.store.path(s.path), filesystem=self.store.fs)
+            for s in _batches_after(self.segments(folder, limit), after)
         ]
         if not tables:
             return pa.table({})
         combined = pa.concat_tables(tables, promote_options="default")
         values = combined.column(column)
         return combined.filter(pc.and_(pc.greater(values, after), pc.less_equal(values, limit)))
+
+
+def _batches_after(segments: list[Segment], after: int) -> list[Segment]:
+    """Those of ``segments`` that may hold end LSNs after ``after``: a batch holds end LSNs in (its
+    start, the next batch's start], so the batches wholly at or before ``after`` are skipped."""
+    starts = sorted({s.name.batch_start for s in segments})
+    first = max([b for b in starts if b <= after] or [starts[0] if starts else 0])
+    return [s for s in segments if s.name.batch_start >= first]

@@ -85,7 +85,8 @@ def parse_config(text: str, *, origin: Path, environ: Mapping[str, str]) -> Conf
     config = Config(
         source=source.model(SourceConfig),
         changelog=changelog.model(ChangelogConfig, path=_location(changelog.text("path"), base)),
-        warehouse=WarehouseConfig(
+        warehouse=warehouse.model(
+            WarehouseConfig,
             path=warehouse_path,
             table_properties=warehouse.settings("table_properties"),
             storage_options=warehouse.settings("storage_options"),

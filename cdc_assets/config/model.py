@@ -155,12 +155,15 @@ class WarehouseConfig:
     """The Delta tables (``warehouse``): ``path`` the folder or URI they live under
     (``<path>/<schema>/<table>`` unless a table names its ``target``), ``table_properties`` for
     the tables cdc-assets creates, ``storage_options`` for delta-rs beside the ``storage``
-    section's, and their ``maintenance``."""
+    section's, and their ``maintenance``. ``consistent_points``: publish a consistent point
+    whenever every table holds one source position (the Dagster sensor and asset, and a
+    following drain's merges; ``apply --consistent`` publishes whatever this says)."""
 
     path: str
     table_properties: dict[str, str] = field(default_factory=dict)
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    consistent_points: bool = setting(True, "flag")
 
 
 @dataclass(slots=True, frozen=True)

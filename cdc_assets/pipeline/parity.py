@@ -39,7 +39,8 @@ from pyspark.sql import functions as F
 
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn, latest_version
+from cdc_assets.apply.target import DeltaTarget, app_id, latest_version
+from cdc_assets.apply.versions import applied_versions, version_holding
 from cdc_assets.changelog.planner import latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
@@ -96,10 +97,6 @@ class Verification:
     parity: Parity
 
 
-VERSIONS_SEARCHED = 50
-"""How many of a table's latest Delta versions :func:`read_parity` looks through for the state at ``C``."""
-
-
 def verify_table(config: Config, table: TableConfig, spark: SparkSession) -> Verification:
     """Drain up to a snapshot point, apply ``table``, compare (see the module docstring); writes."""
     snapshot_lsn, names, source = _source_at_snapshot(config, table, spark)
@@ -138,37 +135,17 @@ def _version_at(
 ) -> tuple[int | None, int | None] | str:
     """The Delta version (None: no table, and none due) holding ``table`` as of ``snapshot_lsn``
     and its applied LSN, or why there is none yet."""
-    name, at = str(table.name), format_lsn(snapshot_lsn)
+    name = str(table.name)
     checkpoint = reader.checkpoint()
     if checkpoint is None or checkpoint.lsn < snapshot_lsn:
         behind = "none" if checkpoint is None else format_lsn(checkpoint.lsn)
-        return f"the change log's checkpoint ({behind}) has not reached the snapshot point {at}"
-    state = checkpoint.tables.get(name)
-    path, app, options = config.target_path(table), app_id(config.source.slot, name), config.delta_storage_options
-
-    def quiet(low: int, high: int) -> bool:
-        if state is None or low == high:
-            return True
-        return reader.due_snapshot_run(state, low, high) is None and not any(
-            chunk.records.num_rows for chunk in reader.read_changes(name, low, high)
-        )
-
-    latest = applied_lsn(path, app, options)
-    if latest is None:
-        return (None, None) if quiet(-1, snapshot_lsn) else f"{name} has no Delta table with the changes up to {at}"
-    newest = latest_version(path, options)
-    assert newest is not None  # it has an applied LSN
-    for version in range(newest, max(newest - VERSIONS_SEARCHED, -1), -1):
-        applied = applied_lsn(path, app, options, version)
-        if applied is None:
-            break
-        if applied <= snapshot_lsn:
-            if quiet(applied, snapshot_lsn):
-                return version, applied
-            return f"{name}'s merge has not brought its changes up to {at} (applied {format_lsn(applied)})"
-        if quiet(snapshot_lsn, applied):
-            return version, applied
-    return f"none of {name}'s latest {VERSIONS_SEARCHED} Delta versions holds the state at {at}"
+        return f"the change log's checkpoint ({behind}) has not reached the snapshot point {format_lsn(snapshot_lsn)}"
+    path, app = config.target_path(table), app_id(config.source.slot, name)
+    versions = applied_versions(path, app, config.delta_storage_options)
+    found = version_holding(reader, name, checkpoint.tables.get(name), versions, snapshot_lsn)
+    if found is None or isinstance(found, str):
+        return (None, None) if found is None else found
+    return found.version, found.applied_lsn
 
 
 def _compare(

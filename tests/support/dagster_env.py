@@ -76,6 +76,7 @@ def write_dagster_config(folder: Path, *, tables: Sequence[str] = TABLES, **sect
 
 
 CODE_LOCATION_MODULE = "dagster_project.definitions"
+MERGE_SENSOR = "cdc_merge__"  # the prefix of the tables' merge sensors
 
 
 def load_code_location() -> dg.Definitions:
@@ -181,10 +182,12 @@ class DagsterEnv:
         return result
 
     def evaluate_sensors(self, *, fresh: bool = False) -> dict[str, SensorTick]:
-        """One tick of every table sensor, with the cursor of its previous tick (``fresh``: with
+        """One tick of every table's merge sensor, with the cursor of its previous tick (``fresh``: with
         no cursor, and the cursor it returns is not kept)."""
         ticks = {}
         for sensor in self.defs.sensors:
+            if not sensor.name.startswith(MERGE_SENSOR):
+                continue
             table = _sensor_table(sensor.name)
             cursor = None if fresh else self.cursors.get(sensor.name)
             context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)
@@ -227,7 +230,7 @@ class DagsterEnv:
 
 def _sensor_table(name: str) -> str:
     """``cdc_merge__public__orders`` → ``public.orders``."""
-    schema, table = name.removeprefix("cdc_merge__").split("__")
+    schema, table = name.removeprefix(MERGE_SENSOR).split("__")
     return f"{schema}.{table}"
 
 

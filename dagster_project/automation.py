@@ -30,6 +30,8 @@ Each launches a job of its own (:func:`automation_job`) whose steps run in the r
 default multiprocess executor would start one more Python process per step before any work.
 """
 
+import time
+
 import dagster as dg
 from dagster import SensorEvaluationContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -211,6 +213,7 @@ def confirm_current(
 def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
     config = settings.config
     slot = config.source.slot
+    refresh_s = config.schedule.freshness_minutes * 60 / 6  # as the mirrors' sensors confirm an idle table
     in_flight = [({POINT_TAG: slot}, "a run publishing a point is queued or running")]
     if config.schedule.merge_with_drain:
         in_flight.append(({MERGES_TAG: slot}, "a drain run, which publishes the point, is queued or running"))
@@ -220,7 +223,10 @@ def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDef
         target=job,
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Requests a run publishing a consistent point when every mirror holds a newer source position.",
+        description=(
+            "Requests a run publishing a consistent point when every mirror holds a newer source position"
+            " (with the same versions as the latest point, at most every sixth of freshness_minutes)."
+        ),
     )
     def point_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
         for tags, busy in in_flight:
@@ -228,9 +234,15 @@ def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDef
                 return dg.SkipReason(busy)
         if ChangeLogReader(changelog_store(config)).checkpoint() is None:
             return dg.SkipReason("the change log is not set up yet")
-        found = find_point(config, ChangeLogReader(changelog_store(config)), PointLog(config).latest())
+        latest = PointLog(config).latest()
+        found = find_point(config, ChangeLogReader(changelog_store(config)), latest)
         if isinstance(found, str):
             return dg.SkipReason(f"no new consistent point: {found}")
+        if latest is not None and found.tables == latest.tables and time.time() - latest.published_us / 1e6 < refresh_s:
+            return dg.SkipReason(
+                f"no table changed since the point at {format_lsn(latest.lsn)}: a later position of the same"
+                f" versions is published every {refresh_s:g} s"
+            )
         return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"point@{found.lsn}")])
 
     return point_sensor

@@ -307,6 +307,14 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
     point = publish_requested_point(env)
     assert point["lsn"] == format_lsn(env.checkpoint_lsn()) and point["lag_bytes"] == 0
     assert point["tables"] == {t: env.version(t) for t in TABLES}
+    # The checkpoint moves on with no table changed: the same versions at a later position wait.
+    published = env.checkpoint_lsn()
+    env.db.execute("SELECT pg_logical_emit_message(false, 'cdc-test', 'tick')")
+    env.run_schedule(tick_time(1))
+    assert env.checkpoint_lsn() > published
+    sensor = env.defs.resolve_sensor_def("cdc_consistent_point")
+    idle = sensor.evaluate_tick(dg.build_sensor_context(instance=env.instance, definitions=env.defs))
+    assert not idle.run_requests and "no table changed since the point at" in (idle.skip_message or "")
 
     for number, (transactions, changes, merged) in enumerate(
         ((ROUND_1, ROUND_1_CHANGES, ROUND_1_MERGED), (ROUND_2, ROUND_2_CHANGES, ROUND_2_MERGED)), start=1

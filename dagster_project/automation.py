@@ -51,6 +51,8 @@ from dagster_project.resources import CdcSource
 from dagster_project.run_tags import DRAIN_TAG, MERGES_TAG, POINT_TAG, TABLE_TAG
 from dagster_project.settings import Settings
 
+MERGE_SENSOR_PREFIX = "cdc_merge__"
+"""The names of the tables' merge sensors: this, then ``<schema>__<table>``."""
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -159,7 +161,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
         )
 
     @dg.sensor(
-        name=f"cdc_merge__{slug}",
+        name=f"{MERGE_SENSOR_PREFIX}{slug}",
         target=automation_job(f"cdc_merge__{slug}", merge_selection(mirror), tags={TABLE_TAG: slug}),
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,

@@ -38,6 +38,7 @@ from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
+from dagster_project.automation import MERGE_SENSOR_PREFIX
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, rust_rows
@@ -76,7 +77,6 @@ def write_dagster_config(folder: Path, *, tables: Sequence[str] = TABLES, **sect
 
 
 CODE_LOCATION_MODULE = "dagster_project.definitions"
-MERGE_SENSOR = "cdc_merge__"  # the prefix of the tables' merge sensors
 
 
 def load_code_location() -> dg.Definitions:
@@ -186,7 +186,7 @@ class DagsterEnv:
         no cursor, and the cursor it returns is not kept)."""
         ticks = {}
         for sensor in self.defs.sensors:
-            if not sensor.name.startswith(MERGE_SENSOR):
+            if not sensor.name.startswith(MERGE_SENSOR_PREFIX):
                 continue
             table = _sensor_table(sensor.name)
             cursor = None if fresh else self.cursors.get(sensor.name)
@@ -230,7 +230,7 @@ class DagsterEnv:
 
 def _sensor_table(name: str) -> str:
     """``cdc_merge__public__orders`` → ``public.orders``."""
-    schema, table = name.removeprefix(MERGE_SENSOR).split("__")
+    schema, table = name.removeprefix(MERGE_SENSOR_PREFIX).split("__")
     return f"{schema}.{table}"
 
 

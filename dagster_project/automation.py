@@ -78,19 +78,17 @@ def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
 
 
 def build_drain_job(
-    settings: Settings,
-    changelog: dg.AssetsDefinition,
-    mirrors: list[dg.AssetsDefinition],
-    point: dg.AssetsDefinition | None,
+    settings: Settings, changelog: dg.AssetsDefinition, mirrors: list[dg.AssetsDefinition]
 ) -> UnresolvedAssetJobDefinition:
     """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``
     and evaluate the drain's ``slot_held_wal`` check after the drain (selecting an asset selects its
-    checks). With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``), then
-    publishes the consistent point they make (``point``, when points are on)."""
+    checks). With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``); the
+    consistent point's sensor publishes the point they make once the run is done (a following
+    run's merges publish it themselves)."""
     slot = settings.config.source.slot
     if not settings.config.schedule.merge_with_drain:
         return automation_job("cdc_drain", [changelog], tags={DRAIN_TAG: slot})
-    selection: dg.AssetSelection = dg.AssetSelection.assets(changelog, *([] if point is None else [point]))
+    selection: dg.AssetSelection = dg.AssetSelection.assets(changelog)
     for mirror in mirrors:
         selection = selection | merge_selection(mirror)
     return automation_job("cdc_drain", selection, tags={DRAIN_TAG: slot, MERGES_TAG: slot})

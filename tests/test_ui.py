@@ -49,7 +49,7 @@ SLOT = "cdc_ui_slot"  # slot names are per cluster: not the other Dagster tests'
 LOCATION = "dagster_project.definitions"
 DRAIN_JOB = "cdc_drain"
 VIEWPORT = (1400, 900)
-ASSET_KEYS = ["cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify"] + [
+ASSET_KEYS = ["cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify", "cdc/consistent_point"] + [
     f"{kind}/{table.replace('.', '/')}" for kind in ("delta", "maintenance", "history") for table in TABLES
 ]
 SENSORS = [f"cdc_merge__{table.replace('.', '__')}" for table in TABLES]
@@ -346,11 +346,11 @@ def test_asset_catalog_lists_every_asset_of_the_configured_tables(ui: Ui, browse
     for key in ASSET_KEYS:
         assert f"/assets/{key}" in links, key
 
-    # Each asset's status has loaded: nothing materialized yet (the drain, each mirror and its
-    # maintenance), the snapshot and the rebuild partitioned by table.
+    # Each asset's status has loaded: nothing materialized yet (the drain, the consistent point, each
+    # mirror and its maintenance), the snapshot and the rebuild partitioned by table.
     def statuses() -> bool:
         text = browser.text()
-        return text.count("Never materialized") == 1 + 2 * len(TABLES) and f"{len(TABLES)} partitions" in text
+        return text.count("Never materialized") == 2 + 2 * len(TABLES) and f"{len(TABLES)} partitions" in text
 
     wait_until(statuses, timeout=45, what="every asset's status")
     assert_rendered(browser, tmp_path / "catalog.png")

@@ -232,10 +232,11 @@ def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDef
         for tags, busy in in_flight:
             if context.instance.get_runs_count(dg.RunsFilter(tags=tags, statuses=IN_FLIGHT)):
                 return dg.SkipReason(busy)
-        if ChangeLogReader(changelog_store(config)).checkpoint() is None:
+        reader = ChangeLogReader(changelog_store(config))
+        if reader.checkpoint() is None:
             return dg.SkipReason("the change log is not set up yet")
         latest = PointLog(config).latest()
-        found = find_point(config, ChangeLogReader(changelog_store(config)), latest)
+        found = find_point(config, reader, latest)
         if isinstance(found, str):
             return dg.SkipReason(f"no new consistent point: {found}")
         if latest is not None and found.tables == latest.tables and time.time() - latest.published_us / 1e6 < refresh_s:

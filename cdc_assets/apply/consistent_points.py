@@ -18,7 +18,7 @@ writes nothing twice. Readers take the latest point, or the one at or before an 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -235,7 +235,7 @@ def publish_point(config: Config) -> ConsistentPoint | str:
     found = find_point(config, ChangeLogReader(changelog_store(config)), latest)
     if isinstance(found, str):
         return found
-    published = ConsistentPoint(found.lsn, found.commit_time_us, found.tables, time.time_ns() // 1000)
+    published = replace(found, published_us=time.time_ns() // 1000)
     if not log.append(published):
         return f"a point at or past {format_lsn(found.lsn)} was published meanwhile"
     log.tidy(config.warehouse.maintenance.vacuum_retention_hours or DELTA_MIN_RETENTION_HOURS)

@@ -53,6 +53,7 @@ ASSET_KEYS = ["cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify", "cdc
     f"{kind}/{table.replace('.', '/')}" for kind in ("delta", "maintenance", "history") for table in TABLES
 ]
 SENSORS = [f"cdc_merge__{table.replace('.', '__')}" for table in TABLES]
+POINT_SENSOR = "cdc_consistent_point"
 # One transaction after the snapshot: what the launched drain must find.
 TRANSACTION = [
     "INSERT INTO public.customers VALUES (100, 'customer 100', 'gold', DATE '2025-03-01')",
@@ -360,11 +361,12 @@ def test_automation_shows_the_drain_schedule_with_the_files_cron_and_one_sensor_
     ui: Ui, browser: Browser, tmp_path: Path
 ) -> None:
     browser.open(f"{ui.server.url}/automation")
-    browser.wait_for("cdc_drain_schedule", *SENSORS, "Every 7 minutes")
-    wait_until(lambda: browser.text().count("Standard sensor") == len(SENSORS), timeout=45, what="each sensor's kind")
+    browser.wait_for("cdc_drain_schedule", *SENSORS, POINT_SENSOR, "Every 7 minutes")
+    sensors = [*SENSORS, POINT_SENSOR]
+    wait_until(lambda: browser.text().count("Standard sensor") == len(sensors), timeout=45, what="each sensor's kind")
     links = browser.links()
     assert f"/locations/{LOCATION}/schedules/cdc_drain_schedule" in links
-    for sensor in SENSORS:
+    for sensor in sensors:
         assert f"/locations/{LOCATION}/sensors/{sensor}" in links
     assert_rendered(browser, tmp_path / "automation.png")
 

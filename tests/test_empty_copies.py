@@ -58,6 +58,7 @@ def test_an_empty_online_copy_empties_the_delta_table_and_a_rebuild_starts_from_
         assert mirror.check(table) == [{"id": 7, "v": "after"}], table
 
 
+@pytest.mark.slow
 def test_a_table_empty_at_setup_can_be_rebuilt(pg: Database, spark: Any, tmp_path: Path) -> None:
     mirror = Mirror(pg, tmp_path / "mirror", {table: {} for table in TABLES}, spark)
     mirror.sql(*CREATE[:4])

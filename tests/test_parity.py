@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.lsn import parse_lsn
@@ -16,6 +18,7 @@ from tests.support.mirror import Mirror
 TABLE = "public.pa"
 
 
+@pytest.mark.slow
 def test_the_version_holding_a_point_is_found_before_and_after_it_and_waited_for_when_the_log_is_behind(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:

@@ -3,7 +3,7 @@ the pipeline as a user would configure it for low latency.
 
     python benchmarks/freshness.py [--pg 16] [--rate 500] [--minutes 10] [--scale 10]
                                    [--runtimes connect,local] [--merges drain,table] [--warmup 60]
-                                   [--parallel-merges N]
+                                   [--parallel-merges N] [--copy-on-write]
                                    [--out freshness-out]
 
 Per runtime, on a fresh server: ``pgbench -i`` (its three keyed tables: accounts, tellers,
@@ -21,6 +21,9 @@ initial copy, not measured), then ``dagster dev`` on the code location with
   so it merges the tables after each durable batch itself (one Spark session for the whole load);
 * a queued run coordinator that dequeues every second, pools of one (one drain, one writer per
   table), the default run launcher (a process per run);
+* ``--copy-on-write``: ``warehouse.table_properties: {delta.enableDeletionVectors: "false"}`` —
+  a MERGE rewrites the files it touches instead of writing deletion vectors and new files (faster
+  for small batches into tables up to a few million rows: ``benchmarks/deletion_vectors.py``);
 * ``connect``: ``spark.remote`` to a ``cdc-assets spark-server`` started first (a run opens a
   session, no JVM start); ``local``: ``spark.master: local[2]`` (each run starts its own Spark).
 
@@ -102,12 +105,17 @@ def _last_at_or_below(values: list[int], limit: int) -> int | None:
     return low - 1 if low else None
 
 
-def write_files(work: Path, dsn_variable: str, spark: dict[str, Any], merges: str, minutes: float) -> dict[str, str]:
+def write_files(
+    work: Path, dsn_variable: str, spark: dict[str, Any], merges: str, minutes: float, copy_on_write: bool
+) -> dict[str, str]:
     """The cdc-assets configuration, the Dagster instance and workspace; the environment to run in."""
+    warehouse: dict[str, Any] = {"path": "./warehouse"}
+    if copy_on_write:
+        warehouse["table_properties"] = {"delta.enableDeletionVectors": "false"}
     document: dict[str, Any] = {
         "source": {"dsn": "${" + dsn_variable + "}", "publication": "fresh_pub", "slot": SLOT, "heartbeat": True},
         "changelog": {"path": "./changelog"},
-        "warehouse": {"path": "./warehouse"},
+        "warehouse": warehouse,
         "spark": spark,
         "schedule": {
             "drain_lag_bytes": 1,
@@ -268,7 +276,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         env = {
             **os.environ,
             "CDC_SOURCE_DSN": cluster.dsn(),
-            **write_files(work, "CDC_SOURCE_DSN", spark | {"conf": conf}, merges, args.minutes),
+            **write_files(work, "CDC_SOURCE_DSN", spark | {"conf": conf}, merges, args.minutes, args.copy_on_write),
         }
         if runtime == "connect":
             server = [sys.executable, "-m", "cdc_assets", "spark-server", "--port", str(port), "--master", "local[2]"]
@@ -338,6 +346,9 @@ def main() -> int:
     )
     parser.add_argument("--warmup", type=float, default=60.0)
     parser.add_argument("--parallel-merges", type=int, help="spark.parallel_merges (default: the config's)")
+    parser.add_argument(
+        "--copy-on-write", action="store_true", help="tables without deletion vectors (MERGE rewrites touched files)"
+    )
     parser.add_argument("--out", default="freshness-out")
     args = parser.parse_args()
     out = Path(args.out)

@@ -3,7 +3,8 @@ by Spark, and the same changes merged by delta-rs (the peer a user would pick fo
 
     python benchmarks/apply.py [--n 10000,100000,1000000] [--m 1000000,10000000] [--sizes NxM,...]
                                [--mixes mixed,inserts,updates] [--repeat 3] [--repeat-large 1] [--recent 1.0]
-                               [--driver-memory 8g] [--conf KEY=VALUE] [--no-peer] [--out apply.json]
+                               [--driver-memory 8g] [--conf KEY=VALUE] [--table-property KEY=VALUE]
+                               [--no-peer] [--out apply.json]
 
 What is measured -- the project's real apply path, minus reading the change log from Parquet:
 
@@ -39,6 +40,9 @@ from ``spark.range`` in a single Delta append (``--rows-per-file`` rows per file
 measurement (merge or append) runs on its own fresh copy of that pristine table -- a file copy of
 the table folder into a new path (Delta paths are relative; a new path also keeps Spark's DeltaLog
 cache honest), removed afterwards -- so each one starts from version 1 with M rows.
+
+``--table-property delta.enableDeletionVectors=false`` creates the project's base table with that
+property over the defaults (``warehouse.table_properties``), e.g. copy-on-write tables.
 
 The Spark session is ``cdc_assets.apply.session.spark_session`` (the project's settings:
 Delta extension, 16 shuffle partitions, Arrow) with ``--master`` (default ``local[*]``) and
@@ -339,6 +343,11 @@ def run_one(spark: Any, kind: str, base: Path, trial: Path, changes: dict[str, A
 # -- main -------------------------------------------------------------------------------------
 
 
+def _settings(items: list[str]) -> dict[str, str]:
+    """``KEY=VALUE`` arguments as a dict."""
+    return {key.strip(): value.strip() for key, _, value in (item.partition("=") for item in items)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -370,6 +379,13 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="extra Spark setting on top of the project's session settings (repeatable), e.g. to try a Delta knob",
     )
+    parser.add_argument(
+        "--table-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Delta table property of the project's base table over its defaults (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=20261122)
     parser.add_argument("--workdir", help="folder for the tables (default: a new temporary folder, removed after)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (pristine base tables)")
@@ -397,9 +413,8 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(args.seed)
     conf = {"spark.driver.memory": args.driver_memory, "spark.ui.enabled": "false"}
-    for item in args.conf:
-        key, _, value = item.partition("=")
-        conf[key.strip()] = value.strip()
+    conf |= _settings(args.conf)
+    properties = _settings(args.table_property)
     results: dict[str, Any] = {
         "benchmark": "apply",
         "command": " ".join(["python", *sys.argv]),
@@ -409,6 +424,7 @@ def main() -> int:
         "recent": args.recent,
         "mixes": mixes,
         "rows_per_file": args.rows_per_file,
+        "table_properties": properties,
         "bases": {},
         "runs": [],
         "errors": [],
@@ -439,7 +455,7 @@ def main() -> int:
                     build_base(spark, plain, m, args.rows_per_file, PLAIN)
                 if not (base / "_delta_log").exists():
                     print(f"[M={fmt_count(m)}] building the base table ...", flush=True)
-                    info = build_base(spark, base, m, args.rows_per_file)
+                    info = build_base(spark, base, m, args.rows_per_file, properties)
                 else:
                     files = data_files(base)
                     info = {

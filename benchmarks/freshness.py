@@ -37,6 +37,12 @@ p50, p95 and max freshness; the rate pgbench reached; the runs Dagster ran — p
 drain with merges, merge) how many, the median time from the run's creation to its start (the
 queue and the launch: a process, Dagster's imports) and the median run time.
 
+Where the machine's CPU went during the load: each process's CPU seconds between the load's start
+and end (those alive at its end), by role — PostgreSQL's backends and its walsender, pgbench,
+the Spark JVM, Dagster's daemon, webserver and code server, the run workers (the following drain
+and its merges), the drain's stream receiver, this benchmark (its sampler) — as a share of the
+cores.
+
 Output: ``freshness.json`` and a table on standard output.
 """
 
@@ -58,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
+import psutil
 
 from cdc_assets.apply.connect_server import STOP_TIMEOUT_S
 from cdc_assets.apply.target import table_applied_lsn
@@ -261,6 +268,48 @@ def run_figures(home: Path, stopped_at: float) -> dict[str, Any]:
     }
 
 
+ROLES = (
+    ("walsender", "postgres", "walsender"),
+    ("postgres", "postgres", ""),
+    ("pgbench", "pgbench", ""),
+    ("spark (JVM)", "java", ""),
+    ("dagster run workers", "", "execute_run"),
+    ("dagster run workers", "", "multiprocessing.spawn"),  # the code server starts a run so
+    ("dagster code server", "", "api grpc"),
+    ("dagster daemon", "", "dagster-daemon"),
+    ("dagster webserver", "", "dagster-webserver"),
+    ("drain's stream receiver", "", "cdc_assets.stream"),
+)
+"""(role, process name, a word of its command line): the first that matches names a process's role."""
+
+
+def cpu_by_process() -> dict[int, tuple[str, float]]:
+    """Every process's role and CPU seconds so far."""
+    found: dict[int, tuple[str, float]] = {}
+    me = os.getpid()
+    for process in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        times = process.info["cpu_times"]
+        if times is None:
+            continue
+        command = " ".join(process.info["cmdline"] or [])
+        role = "this benchmark" if process.pid == me else "other"
+        for name, program, word in ROLES:
+            if (not program or process.info["name"] == program) and word in command:
+                role = name
+                break
+        found[process.pid] = (role, times.user + times.system)
+    return found
+
+
+def cpu_shares(before: dict[int, tuple[str, float]], seconds: float) -> dict[str, float]:
+    """Each role's share of the cores since ``before`` (1.0: one core all along)."""
+    shares: dict[str, float] = {}
+    for pid, (role, cpu) in cpu_by_process().items():
+        spent = cpu - before[pid][1] if pid in before else cpu
+        shares[role] = shares.get(role, 0.0) + spent / seconds
+    return {role: round(share, 2) for role, share in sorted(shares.items(), key=lambda item: -item[1])}
+
+
 def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"cdc-fresh-{runtime}-{merges}-"))
     cluster = common.start_cluster(args.pg)
@@ -291,6 +340,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         config = load_config(work / "cdc.yaml", env)
         sampler = Sampler(config)
         load_started = time.time()
+        cpu_before = cpu_by_process()
         sampler.start()
         print(
             f"[freshness] {runtime}, merges by {merges}: pgbench at {args.rate} tx/s for {args.minutes} min", flush=True
@@ -298,6 +348,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         pgbench_s = common.pgbench(
             cluster, "-n", "-c", "4", "-j", "2", "-R", str(args.rate), "-T", str(round(args.minutes * 60))
         )
+        cpu = cpu_shares(cpu_before, time.time() - load_started)
         sampler.halt.set()
         sampler.join()
         transactions = len(sampler.transactions.end_lsns)
@@ -322,6 +373,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
             "load_s": round(pgbench_s, 1),
             "tx_per_s": round(transactions / pgbench_s, 1),
             "dagster": run_figures(work / "dagster_home", stopped_at),
+            "cpu_cores_by_role": cpu,
             "samples": sampler.samples,
             "work": str(work),
         }
@@ -372,6 +424,7 @@ def main() -> int:
     for runtime, r in results.items():
         dagster = r["dagster"]
         print(f"{runtime}: Dagster runs {dagster['runs']}, failed {dagster['failed']}, stopped {dagster['stopped']}")
+        print(f"{runtime}: cores used by role during the load {r['cpu_cores_by_role']}")
     return 0
 
 

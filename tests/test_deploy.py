@@ -292,6 +292,7 @@ def test_instance_file_passes_dagsters_validation_down_to_each_configured_class(
     # (What the pools and run monitoring settings do is tested in test_dagster.py.)
     settings, custom_class = dagster_instance_config(str(DEPLOY))
     assert custom_class is None and settings["telemetry"] == {"enabled": False}
+    assert settings["nux"] == {"enabled": False}  # the UI's first screen is the pipeline, no pop-up over it
 
     # The storage, run launcher and run coordinator classes exist and accept their config (Dagster
     # only checks these sections' shape; the classes check the rest when the instance starts).

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import websocket  # websocket-client
+import yaml
 from dagster import __version__ as dg_version
 
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -37,6 +38,7 @@ from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.setup import setup
 from cdc_sandbox.pgcluster import free_port
+from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
 from tests.support.dagster_env import DDL, DSN_VARIABLE, ROOT, TABLES, write_dagster_config
 from tests.support.database import Database
 from tests.support.pipeline import wait_until
@@ -61,14 +63,15 @@ TRANSACTION = [
     "UPDATE public.notes SET stars = 5 WHERE id = 1",
 ]
 
-INSTANCE_YAML = """\
-# Runs launched from the UI start at once (no daemon here), each in a process of its own.
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: DefaultRunCoordinator
-telemetry:
-  enabled: false
-"""
+# Runs launched from the UI start at once (no daemon here), each in a process of its own; the
+# demo's settings of the UI itself (no newsletter pop-up over the first screen).
+INSTANCE_YAML = yaml.safe_dump(
+    {
+        "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "DefaultRunCoordinator"},
+        "telemetry": {"enabled": False},
+        "nux": yaml.safe_load(DEMO_INSTANCE_YAML)["nux"],
+    }
+)
 
 
 # -- processes ---------------------------------------------------------------------------------------
@@ -317,9 +320,8 @@ def ui(pg_module: Database, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         except TimeoutError as error:
             raise AssertionError(f"{error}; webserver log:\n{log.read_text()[-4000:]}") from error
         assert info["dagster_webserver_version"] == info["dagster_version"] == dg_version
-        # The UI greets a new local instance with a newsletter dialog over the page a second after
-        # it loads; mark it seen in the instance, as its "Skip" button does.
-        assert server.graphql("mutation { setNuxSeen }")["setNuxSeen"] is True
+        # The UI would greet a new instance with a community and newsletter dialog over the page a
+        # second after it loads: the demo's (and deploy/'s) instance settings turn it off.
         assert server.graphql("{ shouldShowNux }")["shouldShowNux"] is False
         yield Ui(pg_module, folder, server)
     finally:

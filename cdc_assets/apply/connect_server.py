@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pyspark
 
+from cdc_assets.apply.java_runtime import ensure_java
 from cdc_assets.apply.session import DEFAULT_CONNECT_PORT, session_settings
 from cdc_assets.config import SparkConfig
 from cdc_assets.errors import CdcError
@@ -79,6 +80,7 @@ def serve(server: ConnectServer, ready: Callable[[str], None], start_timeout_s: 
     """Run ``server`` in the foreground until it stops or this process is interrupted (SIGINT, or
     SIGTERM raised as :class:`KeyboardInterrupt`); ``ready`` gets its ``sc://`` address once it
     accepts connections. Returns the server's exit status (0 after an interrupt)."""
+    ensure_java()
     with tempfile.TemporaryDirectory(prefix="cdc-connect-") as folder:
         properties = Path(folder, "spark.properties")
         properties.touch(mode=0o600)

@@ -29,6 +29,7 @@ from pathlib import Path
 import pyspark
 from pyspark.sql import SparkSession
 
+from cdc_assets.apply.java_runtime import ensure_java
 from cdc_assets.apply.resolved_jars import ivy_home, record_jars, recorded_jars
 from cdc_assets.config import SparkConfig
 from cdc_assets.errors import ConfigError
@@ -256,6 +257,7 @@ def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSes
             atexit.register(close_connect_sessions)
         return session
     settings = session_settings(config, app_name)
+    ensure_java()
     builder = SparkSession.builder.master(config.master or "local[2]")
     for key, value in settings.items():
         builder = builder.config(key, value)

@@ -82,6 +82,8 @@ run_monitoring:
   free_slots_after_run_end_seconds: 60
 telemetry:
   enabled: false
+nux:
+  enabled: false
 """
 
 

@@ -19,9 +19,10 @@ from tests.support.pipeline import wait_until
 class Command:
     """``cdc-assets <args>`` in a subprocess, its output collected line by line as it comes."""
 
-    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        env.pop("DAGSTER_HOME", None)
+        for name in ("DAGSTER_HOME", *unset):
+            env.pop(name, None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "cdc_assets", *args],
             cwd=cwd,
@@ -60,6 +61,22 @@ class Command:
         """Teardown after a failed test: whatever is left of the command's process group."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+
+
+JAVA_PROGRAMS = ("java", "javac", "jar", "jshell", "keytool")
+
+
+def path_without_java(folder: Path) -> str:
+    """A ``PATH`` of one folder, made in ``folder``, with every program of this ``PATH`` but Java's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for entry in os.scandir(directory):
+            link = folder / entry.name
+            if entry.name not in JAVA_PROGRAMS and not link.exists() and os.access(entry.path, os.X_OK):
+                link.symlink_to(entry.path)
+    return str(folder)
 
 
 def gone(process: psutil.Process) -> bool:

@@ -37,8 +37,8 @@ p50, p95 and max freshness; the rate pgbench reached; the runs Dagster ran — p
 drain with merges, merge) how many, the median time from the run's creation to its start (the
 queue and the launch: a process, Dagster's imports) and the median run time.
 
-Where the machine's CPU went during the load: each process's CPU seconds between the load's start
-and end (those alive at its end), by role — PostgreSQL's backends and its walsender, pgbench,
+Where the machine's CPU went during the load: each process's CPU seconds from the load's start to
+10 s before its end (those alive then), by role — PostgreSQL's backends and its walsender, pgbench,
 the Spark JVM, Dagster's daemon, webserver and code server, the run workers (the following drain
 and its merges), the drain's stream receiver, this benchmark (its sampler) — as a share of the
 cores.
@@ -283,6 +283,10 @@ ROLES = (
 """(role, process name, a word of its command line): the first that matches names a process's role."""
 
 
+CPU_WINDOW_MARGIN_S = 10.0
+"""The CPU shares are taken this long before the load's end."""
+
+
 def cpu_by_process() -> dict[int, tuple[str, float]]:
     """Every process's role and CPU seconds so far."""
     found: dict[int, tuple[str, float]] = {}
@@ -341,6 +345,11 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         sampler = Sampler(config)
         load_started = time.time()
         cpu_before = cpu_by_process()
+        cpu: dict[str, float] = {}
+        # taken just before the load ends, while pgbench and its PostgreSQL backends still run
+        cpu_window_s = max(args.minutes * 60 - CPU_WINDOW_MARGIN_S, 1.0)
+        cpu_timer = threading.Timer(cpu_window_s, lambda: cpu.update(cpu_shares(cpu_before, cpu_window_s)))
+        cpu_timer.start()
         sampler.start()
         print(
             f"[freshness] {runtime}, merges by {merges}: pgbench at {args.rate} tx/s for {args.minutes} min", flush=True
@@ -348,7 +357,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         pgbench_s = common.pgbench(
             cluster, "-n", "-c", "4", "-j", "2", "-R", str(args.rate), "-T", str(round(args.minutes * 60))
         )
-        cpu = cpu_shares(cpu_before, time.time() - load_started)
+        cpu_timer.join()
         sampler.halt.set()
         sampler.join()
         transactions = len(sampler.transactions.end_lsns)

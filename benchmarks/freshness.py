@@ -22,8 +22,7 @@ initial copy, not measured), then ``dagster dev`` on the code location with
 * a queued run coordinator that dequeues every second, pools of one (one drain, one writer per
   table), the default run launcher (a process per run);
 * ``--copy-on-write``: ``warehouse.table_properties: {delta.enableDeletionVectors: "false"}`` —
-  a MERGE rewrites the files it touches instead of writing deletion vectors and new files (faster
-  for small batches into tables up to a few million rows: ``benchmarks/deletion_vectors.py``);
+  a MERGE rewrites the files it touches instead of writing deletion vectors and new files;
 * ``connect``: ``spark.remote`` to a ``cdc-assets spark-server`` started first (a run opens a
   session, no JVM start); ``local``: ``spark.master: local[2]`` (each run starts its own Spark).
 

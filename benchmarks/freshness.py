@@ -273,7 +273,7 @@ ROLES = (
     ("pgbench", "pgbench", ""),
     ("spark (JVM)", "java", ""),
     ("dagster run workers", "", "execute_run"),
-    ("dagster run workers", "", "multiprocessing.spawn"),  # the code server starts a run so
+    ("dagster run workers", "", "multiprocessing.spawn"),  # how the code server starts a run's process
     ("dagster code server", "", "api grpc"),
     ("dagster daemon", "", "dagster-daemon"),
     ("dagster webserver", "", "dagster-webserver"),
@@ -348,6 +348,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         # taken just before the load ends, while pgbench and its PostgreSQL backends still run
         cpu_window_s = max(args.minutes * 60 - CPU_WINDOW_MARGIN_S, 1.0)
         cpu_timer = threading.Timer(cpu_window_s, lambda: cpu.update(cpu_shares(cpu_before, cpu_window_s)))
+        cpu_timer.daemon = True  # a failed load does not keep the benchmark waiting for it
         cpu_timer.start()
         sampler.start()
         print(

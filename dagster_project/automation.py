@@ -42,7 +42,7 @@ from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
-from cdc_assets.config import TableConfig
+from cdc_assets.config import Config, TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source.connection import connect
 from cdc_assets.source.slots import read_slot
@@ -53,6 +53,19 @@ from dagster_project.settings import Settings
 
 MERGE_SENSOR_PREFIX = "cdc_merge__"
 """The names of the tables' merge sensors: this, then ``<schema>__<table>``."""
+
+
+def merge_sensors(defs: dg.Definitions) -> list[dg.SensorDefinition]:
+    """The tables' merge sensors of a code location (not the drain's or the consistent point's)."""
+    return [sensor for sensor in defs.sensors or () if sensor.name.startswith(MERGE_SENSOR_PREFIX)]
+
+
+def idle_confirm_seconds(config: Config) -> float:
+    """How often an unchanged state is reported again as the checkpoint moves on — a mirror as
+    current, the same versions as a later consistent point: a sixth of ``freshness_minutes``."""
+    return config.schedule.freshness_minutes * 60 / 6
+
+
 IN_FLIGHT = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -151,7 +164,7 @@ def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.Assets
     config = settings.config
     name = str(table.name)
     slug = table_slug(table)
-    confirm_every_s = config.schedule.freshness_minutes * 60 / 6
+    confirm_every_s = idle_confirm_seconds(config)
     in_flight = [({TABLE_TAG: slug}, f"a merge of {name} is queued or running")]
     if config.schedule.merge_with_drain:
         in_flight.append(
@@ -213,7 +226,7 @@ def confirm_current(
 def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
     config = settings.config
     slot = config.source.slot
-    refresh_s = config.schedule.freshness_minutes * 60 / 6  # as the mirrors' sensors confirm an idle table
+    refresh_s = idle_confirm_seconds(config)
     in_flight = [({POINT_TAG: slot}, "a run publishing a point is queued or running")]
     if config.schedule.merge_with_drain:
         in_flight.append(({MERGES_TAG: slot}, "a drain run, which publishes the point, is queued or running"))

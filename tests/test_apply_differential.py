@@ -49,7 +49,7 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.setup import setup
-from dagster_project.automation import MERGE_SENSOR_PREFIX
+from dagster_project.automation import merge_sensors
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
 from tests.support.bucket import Bucket
@@ -292,9 +292,7 @@ def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
 
     def ticks() -> dict[str, Any]:
         found = {}
-        for sensor in defs.sensors:
-            if not sensor.name.startswith(MERGE_SENSOR_PREFIX):
-                continue
+        for sensor in merge_sensors(defs):
             context = dg.build_sensor_context(instance=instance, definitions=defs)
             found[sensor.name] = sensor.evaluate_tick(context)
         return found

@@ -12,6 +12,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from dagster_project.automation import merge_sensors
 from tests.support.config_file import FILE_NAME
 from tests.support.dagster_env import DSN_VARIABLE, load_code_location
 from tests.support.database import Database
@@ -50,7 +51,7 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
     with dg.instance_for_test() as instance:
         sensor, quiet = tick(defs, instance)
         assert sensor.minimum_interval_seconds == 10
-        merges = [s for s in defs.sensors if s.name.startswith("cdc_merge__")]
+        merges = merge_sensors(defs)
         assert merges and {s.minimum_interval_seconds for s in merges} == {5}
         assert not quiet.run_requests and "bytes behind (a drain from 200,000)" in (quiet.skip_message or ""), quiet
 

@@ -36,7 +36,7 @@ from cdc_assets.pipeline.setup import setup
 from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
 from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.assets import CHANGELOG_KEY, mirror_key
-from dagster_project.automation import MERGE_SENSOR_PREFIX
+from dagster_project.automation import merge_sensors
 from dagster_project.demo import workload
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
@@ -289,9 +289,7 @@ def _remove(folder: Path) -> None:
 def _sensor_requests(defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None]) -> list[str]:
     """Evaluate each table's merge sensor once, as the daemon would; the tables it asks to merge."""
     wanted: list[str] = []
-    for sensor in defs.sensors or ():
-        if not sensor.name.startswith(MERGE_SENSOR_PREFIX):
-            continue
+    for sensor in merge_sensors(defs):
         context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
         result = sensor.evaluate_tick(context)
         cursors[sensor.name] = result.cursor or cursors.get(sensor.name)

@@ -38,7 +38,7 @@ from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
-from dagster_project.automation import MERGE_SENSOR_PREFIX
+from dagster_project.automation import MERGE_SENSOR_PREFIX, merge_sensors
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, rust_rows
@@ -185,9 +185,7 @@ class DagsterEnv:
         """One tick of every table's merge sensor, with the cursor of its previous tick (``fresh``: with
         no cursor, and the cursor it returns is not kept)."""
         ticks = {}
-        for sensor in self.defs.sensors:
-            if not sensor.name.startswith(MERGE_SENSOR_PREFIX):
-                continue
+        for sensor in merge_sensors(self.defs):
             table = _sensor_table(sensor.name)
             cursor = None if fresh else self.cursors.get(sensor.name)
             context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)

@@ -19,10 +19,11 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cdc_assets.changelog.store import changelog_store
-from cdc_assets.config import Config, SparkConfig, config_path, load_config
+from cdc_assets.config import Config, SparkConfig, TableConfig, config_path, load_config
 from cdc_assets.errors import CdcError, ConfigError
 from cdc_assets.interrupts import stop_on_sigterm
 from cdc_assets.lsn import format_lsn
+from cdc_assets.names import TableName
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -191,6 +192,13 @@ def _setup(args: argparse.Namespace) -> int:
         print(f"added {table} to publication {config.source.publication}")
     for table in result.removed:
         print(f"dropped {table} from publication {config.source.publication} (its Delta table stays)")
+    if result.removed and config.warehouse.catalog is not None:
+        from cdc_assets.apply.catalog import unregister_mirrors
+
+        removed = [TableName.parse(name) for name in result.removed]
+        mirrors = [(name, config.target_path(TableConfig(name))) for name in removed]
+        for entry in unregister_mirrors(_spark(config), config.warehouse.catalog, mirrors):
+            print(f"dropped {entry} from the catalog (its files stay)")
     if result.created_slot:
         print(f"created slot {config.source.slot}; snapshot at LSN {format_lsn(result.snapshot_lsn or 0)}")
         for table, rows in result.rows.items():

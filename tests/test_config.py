@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from cdc_assets.config import load_config, parse_config
+from cdc_assets.config.jdbc import jdbc_url
 from cdc_assets.errors import ConfigError
 from cdc_assets.names import TableName
 
@@ -202,3 +203,50 @@ def test_drain_defaults_and_settings() -> None:
 def test_drain_mistakes_are_refused(setting: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse(EXAMPLE + setting + "\n", CDC_SOURCE_DSN="x")
+
+
+def test_a_catalog_and_a_metastore_database() -> None:
+    """``warehouse.catalog`` names the Spark catalog of the mirrors; ``spark.metastore_dsn`` is a
+    libpq DSN the loader checks the metastore's JDBC driver can use, never echoed."""
+    text = EXAMPLE.replace("  path: s3://bucket/warehouse/", "  path: s3://bucket/warehouse/\n  catalog: spark_catalog")
+    dsn = "postgresql://hive:hunter2@meta.example.com:6543/metastore?sslmode=require"
+    config = parse(
+        text.replace("  master: local[2]", f"  master: local[2]\n  metastore_dsn: '{dsn}'"), CDC_SOURCE_DSN="x"
+    )
+    assert config.warehouse.catalog == "spark_catalog" and config.spark.metastore_dsn == dsn
+    assert "hunter2" not in repr(config)
+    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").warehouse.catalog is None
+    with pytest.raises(ConfigError, match=r"warehouse.catalog: expected a name of letters, digits and underscores"):
+        parse(text.replace("catalog: spark_catalog", "catalog: my-lake"), CDC_SOURCE_DSN="x")
+
+
+@pytest.mark.parametrize(
+    ("dsn", "message"),
+    [
+        ("host=/var/run/postgresql dbname=m", r"spark.metastore_dsn: needs one TCP host .*got /var/run/postgresql"),
+        ("host=a,b dbname=m", r"spark.metastore_dsn: needs one TCP host"),
+        ("host=db", r"spark.metastore_dsn: names no database"),
+        ("host=db dbname=m target_session_attrs=any", r"spark.metastore_dsn: target_session_attrs has no JDBC"),
+        ("host=db password=hunter2 = broken", r"spark.metastore_dsn: not a PostgreSQL connection string"),
+    ],
+)
+def test_metastore_dsn_mistakes_are_refused(dsn: str, message: str) -> None:
+    text = EXAMPLE.replace("  master: local[2]", f"  master: local[2]\n  metastore_dsn: '{dsn}'")
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse(text, CDC_SOURCE_DSN="x")
+    assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("dsn", "url"),
+    [
+        ("host=db.example.com dbname=metastore", "jdbc:postgresql://db.example.com:5432/metastore"),
+        (
+            "postgresql://u:p@10.0.0.5:6543/hive?sslmode=verify-full",
+            "jdbc:postgresql://10.0.0.5:6543/hive?sslmode=verify-full",
+        ),
+        ("host=::1 port=5 dbname=m", "jdbc:postgresql://[::1]:5/m"),
+    ],
+)
+def test_the_metastore_jdbc_url(dsn: str, url: str) -> None:
+    assert jdbc_url(dsn) == url

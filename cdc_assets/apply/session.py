@@ -30,6 +30,7 @@ import pyspark
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.java_runtime import ensure_java
+from cdc_assets.apply.metastore import CLASS_PATH, metastore_settings
 from cdc_assets.apply.resolved_jars import ivy_home, record_jars, recorded_jars
 from cdc_assets.config import SparkConfig
 from cdc_assets.errors import ConfigError
@@ -100,7 +101,11 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
             packages.append(hadoop_aws_package())
         if packages:
             settings |= _jars_or_packages(",".join(packages), ivy_home(settings | config.conf))
+    metastore = metastore_settings(config.metastore_dsn, config.conf) if config.metastore_dsn else {}
+    settings |= metastore
     settings.update(config.conf)
+    if CLASS_PATH in metastore:  # the user's class path and the JDBC driver
+        settings[CLASS_PATH] = metastore[CLASS_PATH]
     for key in JAVA_OPTIONS:
         settings[key] = java_options(config.conf.get(key, ""))
     return settings

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, get_args
 
 import yaml
 
+from cdc_assets.config.jdbc import jdbc_url
 from cdc_assets.config.model import (
     DELTA_MIN_RETENTION_HOURS,
     ChangelogConfig,
@@ -40,7 +41,9 @@ from cdc_assets.storage import StorageConfig, is_s3
 
 CONFIG_ENV = "CDC_CONFIG"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-_SECRET_KEYS = frozenset({"dsn", "access_key_id", "secret_access_key", "session_token"})  # never echoed
+_SECRET_KEYS = frozenset(
+    {"dsn", "metastore_dsn", "access_key_id", "secret_access_key", "session_token"}
+)  # never echoed
 
 _Choice = TypeVar("_Choice", bound=str)
 _Section = TypeVar("_Section")
@@ -211,6 +214,13 @@ class _Reader:
             )
         return value
 
+    def identifier(self, key: str, default: str) -> str:
+        """A name Spark SQL takes unquoted (a catalog's)."""
+        value = self.text(key, default)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise self.fail(key, f"expected a name of letters, digits and underscores, got {value!r}")
+        return value
+
     def count(self, key: str, default: int) -> int:
         """A non-negative integer (0 turns a step off)."""
         value = self.get(key, default)
@@ -298,7 +308,13 @@ class _Reader:
             remote=str(remote) if remote is not None else None,
             conf=spark.settings("conf"),
             parallel_merges=spark.model(SparkConfig).parallel_merges,
+            metastore_dsn=spark.optional_text("metastore_dsn"),
         )
+        if result.metastore_dsn is not None:
+            try:  # a DSN the metastore cannot use fails here, not at Spark's start
+                jdbc_url(result.metastore_dsn)
+            except ValueError as error:
+                raise spark.fail("metastore_dsn", str(error)) from None
         spark.done()
         return result
 

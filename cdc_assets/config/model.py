@@ -79,11 +79,13 @@ class SparkConfig:
     """``master`` for a classic session (``local[2]``, ``spark://…``), or ``remote`` for Spark Connect;
     ``parallel_merges``: tables merged at once by one apply or following drain, each on its own
     session of the one application; ``storage``: the ``storage`` section when a Delta table is on S3 (Spark reaches
-    it through s3a)."""
+    it through s3a); ``metastore_dsn``: the PostgreSQL database of the applications' Hive metastore
+    (None: Spark's catalog is its own affair — in memory, or what ``conf`` says)."""
 
     master: str | None = "local[2]"
     remote: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
+    metastore_dsn: str | None = field(default=None, repr=False)
     parallel_merges: int = setting(PARALLEL_MERGES, "positive")
     storage: StorageConfig | None = field(default=None, repr=False)
 
@@ -157,13 +159,16 @@ class WarehouseConfig:
     the tables cdc-assets creates, ``storage_options`` for delta-rs beside the ``storage``
     section's, and their ``maintenance``. ``consistent_points``: publish a consistent point
     whenever every table holds one source position (the Dagster sensor and asset, and a
-    following drain's merges; ``apply --consistent`` publishes whatever this says)."""
+    following drain's merges; ``apply --consistent`` publishes whatever this says).
+    ``catalog``: the Spark catalog each mirror is registered in by name, ``<catalog>.<schema>.<table>``
+    (None: reached by path only)."""
 
     path: str
     table_properties: dict[str, str] = field(default_factory=dict)
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     consistent_points: bool = setting(True, "flag")
+    catalog: str | None = setting(None, "identifier")
 
 
 @dataclass(slots=True, frozen=True)

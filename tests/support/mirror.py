@@ -51,15 +51,21 @@ class Mirror:
     source: dict[str, Any] = field(default_factory=dict)  # ``source:`` settings beside the defaults
     warehouse: dict[str, Any] = field(default_factory=dict)  # ``warehouse:`` settings beside the path
     changelog: dict[str, Any] = field(default_factory=dict)  # ``changelog:`` settings beside the path
+    spark_settings: dict[str, Any] = field(default_factory=dict)  # ``spark:`` settings beside CLI_SPARK's
 
     def __post_init__(self) -> None:
+        self.write_config()
+
+    def write_config(self) -> None:
+        """(Re)write the configuration file from the fields (``tables`` as they are now)."""
+        conf = CLI_SPARK["conf"] | self.spark_settings.get("conf", {})
         write_config(
             self.folder,
             self.tables,
             source=self.source,
             changelog=self.changelog,
             warehouse=self.warehouse,
-            spark=CLI_SPARK,
+            spark=CLI_SPARK | self.spark_settings | {"conf": conf},
         )
 
     @property
@@ -119,7 +125,7 @@ class Mirror:
             cwd=ROOT,
             timeout=timeout,
             check=False,
-            env={**_environ(), DSN_VARIABLE: self.db.dsn},
+            env={**child_environ(), DSN_VARIABLE: self.db.dsn},
         )
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
@@ -130,7 +136,7 @@ class Mirror:
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
-            env={**_environ(), DSN_VARIABLE: self.db.dsn},
+            env={**child_environ(), DSN_VARIABLE: self.db.dsn},
         )
 
     def _command(self, *args: str) -> list[str]:
@@ -204,7 +210,9 @@ class Mirror:
         return data
 
 
-def _environ() -> dict[str, str]:
+def child_environ() -> dict[str, str]:
+    """This process's environment for a child process, without the mark pyspark sets in a process
+    that opened a Spark Connect session (the child starts its own Spark)."""
     import os
 
-    return dict(os.environ)
+    return {key: value for key, value in os.environ.items() if key != "SPARK_CONNECT_MODE_ENABLED"}

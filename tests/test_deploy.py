@@ -30,6 +30,7 @@ from dagster._core.workspace.config_schema import ensure_workspace_config
 from dagster._core.workspace.load import location_origins_from_yaml_paths
 
 from cdc_assets.config import load_config
+from cdc_assets.config.jdbc import jdbc_url
 from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
@@ -94,13 +95,14 @@ def volume_mounts(service: dict[str, Any]) -> list[tuple[str, str, str]]:
     return mounts
 
 
-def s3_environ(compose: dict[str, Any], documented: dict[str, str]) -> dict[str, str]:
-    """The ``CDC_S3_*`` variables the Dagster services get, resolved from ``documented`` (.env's keys)."""
+def pipeline_environ(compose: dict[str, Any], documented: dict[str, str]) -> dict[str, str]:
+    """The variables cdc.yaml reads besides the source DSN — ``CDC_S3_*`` and ``CDC_METASTORE_DSN`` —
+    as the Dagster services get them, resolved from ``documented`` (.env's keys)."""
     env = environment(compose["services"]["code_location"])
     return {
         name: _INTERPOLATION.sub(lambda m: documented[m.group(1) or m.group(3)], str(env[name]))
         for name in env
-        if name.startswith("CDC_S3_")
+        if name.startswith(("CDC_S3_", "CDC_METASTORE_"))
     }
 
 
@@ -233,7 +235,7 @@ def test_compose_interpolates_only_variables_that_env_example_documents(compose:
     assert "CDC_SOURCE_DSN" in used and used["CDC_SOURCE_DSN"] is False
     assert set(used) <= set(documented), f"not in .env.example: {set(used) - set(documented)}"
     # The documented DSN is one the project's configuration accepts.
-    environ = {DSN_VARIABLE: documented[DSN_VARIABLE], **s3_environ(compose, documented)}
+    environ = {DSN_VARIABLE: documented[DSN_VARIABLE], **pipeline_environ(compose, documented)}
     config = load_config(DEPLOY / "cdc.yaml", environ=environ)
     assert config.source.dsn == documented[DSN_VARIABLE]
     assert config.storage.secret_access_key == documented["MINIO_ROOT_PASSWORD"]
@@ -378,7 +380,7 @@ def test_pipeline_config_loads_and_builds_the_code_location(
     compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch, s3_server: ThrowawayS3Server, tmp_path: Path
 ) -> None:
     dsn = "host=db.example.com dbname=shop user=cdc password=pw"
-    keys = s3_environ(compose, env_file_keys(DEPLOY / ".env.example"))
+    keys = pipeline_environ(compose, env_file_keys(DEPLOY / ".env.example"))
     config = load_config(DEPLOY / "cdc.yaml", environ={DSN_VARIABLE: dsn, **keys})
     assert config.source.dsn == dsn
     assert [str(t.name) for t in config.tables] == ["public.orders"]
@@ -399,6 +401,16 @@ def test_pipeline_config_loads_and_builds_the_code_location(
     assert master.group(1) in services["spark_master"]["networks"]["default"]["aliases"]
     assert master.group(0) in services["spark_worker"]["command"]
     assert services["daemon"]["depends_on"]["spark_connect"]["condition"] == "service_healthy"
+
+    # Every mirror by name in the server's catalog, kept in the metastore_postgres service's database
+    # (by its alias: a JDBC host name), which the server waits for.
+    assert config.warehouse.catalog == "spark_catalog" and config.spark.metastore_dsn is not None
+    metastore = services["metastore_postgres"]
+    assert jdbc_url(config.spark.metastore_dsn).startswith(
+        f"jdbc:postgresql://{metastore['networks']['default']['aliases'][0]}:5432/{environment(metastore)['POSTGRES_DB']}"
+    )
+    assert "password=" + env_file_keys(DEPLOY / ".env.example")["METASTORE_PG_PASSWORD"] in config.spark.metastore_dsn
+    assert services["spark_connect"]["depends_on"]["metastore_postgres"]["condition"] == "service_healthy"
 
     # The change log and the warehouse are in the bucket the minio_bucket service creates on the
     # minio service, which the code location waits for; Spark reaches it through s3a.

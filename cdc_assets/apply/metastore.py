@@ -13,7 +13,8 @@ Two settings differ from what Hive's documentation suggests, both found on this 
   the metastore opens its connections through ``java.sql.DriverManager``, which does not see the
   jars of ``spark.jars`` or ``spark.jars.packages`` ("No suitable driver"). The jar is fetched once
   from Maven Central into the cache folder and its SHA-256 checked; a class path that already
-  names a ``postgresql`` jar is used as it is.
+  names a ``postgresql`` jar, or Spark's own jars holding one (deploy/Dockerfile's image), is used
+  as it is.
 * The metastore's tables are created on first use without foreign keys
   (``datanucleus.schema.autoCreateConstraints=false``): with them, the metastore adds a foreign key
   on one connection while its open transaction on another holds the table the key references, and
@@ -44,9 +45,10 @@ DRIVER_URL = (
 CLASS_PATH = "spark.driver.extraClassPath"
 
 
-def metastore_settings(dsn: str, conf: Mapping[str, str]) -> dict[str, str]:
+def metastore_settings(dsn: str, conf: Mapping[str, str], driver_in_spark: bool) -> dict[str, str]:
     """The Spark settings of a Hive metastore in the PostgreSQL database at ``dsn``; ``conf`` is the
-    user's ``spark.conf``, whose driver class path gets the JDBC driver unless it names one."""
+    user's ``spark.conf``, whose driver class path gets the JDBC driver unless it names one or
+    Spark's own jars have it (``driver_in_spark``)."""
     parts = conninfo_to_dict(dsn)
     jdo = "spark.hadoop.javax.jdo.option."
     settings = {
@@ -61,7 +63,7 @@ def metastore_settings(dsn: str, conf: Mapping[str, str]) -> dict[str, str]:
         "spark.hadoop.hive.metastore.schema.verification": "false",
     }
     class_path = conf.get(CLASS_PATH, "")
-    if "postgresql" not in class_path:
+    if not driver_in_spark and "postgresql" not in class_path:
         settings[CLASS_PATH] = os.pathsep.join(filter(None, [class_path, str(jdbc_driver_jar())]))
     return settings
 

@@ -101,7 +101,9 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
             packages.append(hadoop_aws_package())
         if packages:
             settings |= _jars_or_packages(",".join(packages), ivy_home(settings | config.conf))
-    metastore = metastore_settings(config.metastore_dsn, config.conf) if config.metastore_dsn else {}
+    metastore = {}
+    if config.metastore_dsn:
+        metastore = metastore_settings(config.metastore_dsn, config.conf, _on_classpath("postgresql-*.jar"))
     settings |= metastore
     settings.update(config.conf)
     if CLASS_PATH in metastore:  # the user's class path and the JDBC driver

@@ -32,6 +32,8 @@ What is right — the oracles:
   (``assert_mirrors``).
 * ``mirror_diff`` — a Delta mirror against its source: the two Delta readers (Spark, delta-rs),
   ``assert_delta_equals_source``, and ``compare_all`` / ``report`` (types, specials, both readers).
+* ``catalog_read`` — a classic Spark application reading every mirror by name from the
+  configuration's catalog (run as ``python -m``), its rows left in Arrow files.
 
 Protocol and change records built by hand (unit tests):
 

@@ -186,6 +186,8 @@ def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
 def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefinition:
     name = str(table.name)
     fresh = timedelta(minutes=settings.config.schedule.freshness_minutes)
+    catalog = settings.config.warehouse.catalog
+    by_name = {} if catalog is None else {"dagster/table_name": f"{catalog}.{name}"}  # warehouse.catalog's name
 
     @dg.asset(
         key=mirror_key(table),
@@ -196,7 +198,7 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         # materialized by each merge, and by the merge sensor while the table has nothing to merge
         freshness_policy=dg.FreshnessPolicy.time_window(fail_window=fresh, warn_window=fresh / 2),
         description=f"Delta mirror of {name} at {settings.config.target_path(table)}, merged from the change log.",
-        metadata={"source_table": name, "dagster/uri": settings.config.target_path(table)},
+        metadata={"source_table": name, "dagster/uri": settings.config.target_path(table), **by_name},
         output_required=False,  # see below
     )
     def mirror(

@@ -450,3 +450,5 @@ def test_pipeline_config_loads_and_builds_the_code_location(
     }
     assert defs.resolve_schedule_def("cdc_drain_schedule").cron_schedule == config.schedule.drain_cron
     assert {s.name for s in defs.sensors or []} == {"cdc_merge__public__orders", "cdc_consistent_point"}
+    [orders] = [spec for spec in defs.resolve_all_asset_specs() if spec.key.path == ["delta", "public", "orders"]]
+    assert orders.metadata["dagster/table_name"] == "spark_catalog.public.orders"  # the UI shows the name

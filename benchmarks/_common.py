@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -29,7 +30,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
-from cdc_sandbox.pgcluster import ThrowawayCluster  # noqa: E402 - after the sys.path line above
+from cdc_assets.apply.connect_server import STOP_TIMEOUT_S  # noqa: E402 - after the sys.path line above
+from cdc_sandbox.pgcluster import ThrowawayCluster  # noqa: E402
 
 # PostgreSQL's own default: the throwaway cluster's 64kB (which tests use to force spilling)
 # would make the server spill or stream almost every pgbench transaction.
@@ -311,3 +313,37 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
         print(f"\nwrote {path}")
+
+
+def started(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """``command`` in a process group of its own, its output into ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 2 * STOP_TIMEOUT_S) -> None:
+    """SIGTERM to the process group (``dagster dev`` and the Connect server shut down on it; not
+    SIGINT, which a process started in the background of a script inherits as ignored), then
+    SIGKILL what is left. The wait outlasts the Connect server's own (its JVM is in a session of
+    its own: killing the ``spark-server`` process before it has stopped the JVM would orphan it)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in log.read_text(errors="replace"):
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}; see {log}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{text!r} did not appear in {log} within {timeout_s:.0f} s")
+        time.sleep(0.5)
+
+
+def cdc(env: dict[str, str], work: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "cdc_assets", *args], env=env, cwd=work, check=True)

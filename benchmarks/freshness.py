@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -65,7 +64,6 @@ from typing import Any
 import _common as common
 import psutil
 
-from cdc_assets.apply.connect_server import STOP_TIMEOUT_S
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
@@ -155,40 +153,6 @@ def write_files(
     }
     (work / "workspace.yaml").write_text(json.dumps(workspace, indent=2), encoding="utf-8")
     return {"CDC_CONFIG": str(work / "cdc.yaml"), "DAGSTER_HOME": str(home)}
-
-
-def started(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    """``command`` in a process group of its own, its output into ``log``."""
-    with log.open("wb") as out:
-        return subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(process: subprocess.Popen[bytes], timeout_s: float = 2 * STOP_TIMEOUT_S) -> None:
-    """SIGTERM to the process group (``dagster dev`` and the Connect server shut down on it; not
-    SIGINT, which a process started in the background of a script inherits as ignored), then
-    SIGKILL what is left. The wait outlasts the Connect server's own (its JVM is in a session of
-    its own: killing the ``spark-server`` process before it has stopped the JVM would orphan it)."""
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in log.read_text(errors="replace"):
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with {process.returncode}; see {log}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{text!r} did not appear in {log} within {timeout_s:.0f} s")
-        time.sleep(0.5)
-
-
-def cdc(env: dict[str, str], work: Path, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "cdc_assets", *args], env=env, cwd=work, check=True)
 
 
 class Sampler(threading.Thread):
@@ -332,14 +296,14 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         }
         if runtime == "connect":
             server = [sys.executable, "-m", "cdc_assets", "spark-server", "--port", str(port), "--master", "local[2]"]
-            processes.append(started(server, env, work / "spark-server.log", work))
-            wait_for_line(work / "spark-server.log", "listening at", processes[-1], READY_TIMEOUT_S)
-        cdc(env, work, "setup")
-        cdc(env, work, "apply")
+            processes.append(common.started(server, env, work / "spark-server.log", work))
+            common.wait_for_line(work / "spark-server.log", "listening at", processes[-1], READY_TIMEOUT_S)
+        common.cdc(env, work, "setup")
+        common.cdc(env, work, "apply")
         webserver_port = str(free_port())
         dagster = ["dagster", "dev", "-w", str(work / "workspace.yaml"), "-p", webserver_port]
-        processes.append(started(dagster, env, work / "dagster.log", work))
-        wait_for_line(work / "dagster.log", "Serving dagster-webserver", processes[-1], READY_TIMEOUT_S)
+        processes.append(common.started(dagster, env, work / "dagster.log", work))
+        common.wait_for_line(work / "dagster.log", "Serving dagster-webserver", processes[-1], READY_TIMEOUT_S)
         config = load_config(work / "cdc.yaml", env)
         sampler = Sampler(config)
         load_started = time.time()
@@ -374,7 +338,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
             }
         stopped_at = time.time()
         for process in reversed(processes):
-            stop(process)
+            common.stop(process)
         processes.clear()
         return {
             "tables": per_table,
@@ -388,7 +352,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         }
     finally:
         for process in reversed(processes):
-            stop(process)
+            common.stop(process)
         cluster.stop()
 
 

@@ -16,10 +16,12 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from cdc_assets.apply.catalog import CatalogError, catalog_name, register_mirror
+from cdc_assets.apply.catalog import CatalogError, catalog_name, register_mirror, same_location
+from cdc_assets.apply.metastore import CLASS_PATH
 from cdc_assets.apply.runner import apply_tables
-from cdc_assets.apply.session import close_connect_sessions
+from cdc_assets.apply.session import close_connect_sessions, session_settings
 from cdc_assets.apply.target import delta_table_exists
+from cdc_assets.config import SparkConfig
 from cdc_assets.names import TableName
 from dagster_project.demo import workload
 from tests.support.config_file import DSN_VARIABLE
@@ -146,3 +148,30 @@ def test_the_session_catalog_in_memory_is_refused(spark: Any, tmp_path: Path) ->
     registering in it is an error that says what to configure."""
     with pytest.raises(CatalogError, match=r"keeps its catalog in memory .* set spark.metastore_dsn"):
         register_mirror(spark, CATALOG, TableName.parse("public.orders"), str(tmp_path / "orders"))
+
+
+def test_the_metastore_settings_of_a_session() -> None:
+    """``spark.metastore_dsn`` becomes Spark's Hive client settings: the JDBC URL, the DSN's user and
+    password, tables made without foreign keys; a driver jar the user's class path names is kept."""
+    dsn = "postgresql://hive:s3cret@meta.example.com:6543/metastore"
+    settings = session_settings(SparkConfig(metastore_dsn=dsn, conf={CLASS_PATH: "/opt/jars/postgresql-42.7.3.jar"}))
+    jdo = "spark.hadoop.javax.jdo.option."
+    assert settings["spark.sql.catalogImplementation"] == "hive"
+    assert settings[f"{jdo}ConnectionURL"] == "jdbc:postgresql://meta.example.com:6543/metastore"
+    assert (settings[f"{jdo}ConnectionUserName"], settings[f"{jdo}ConnectionPassword"]) == ("hive", "s3cret")
+    assert settings["spark.hadoop.datanucleus.schema.autoCreateConstraints"] == "false"
+    assert settings[CLASS_PATH] == "/opt/jars/postgresql-42.7.3.jar"
+    assert "spark.sql.catalogImplementation" not in session_settings(SparkConfig())
+
+
+@pytest.mark.parametrize(
+    ("found", "location", "same"),
+    [
+        ("file:/tmp/w/public/orders", "/tmp/w/public/orders", True),
+        ("file:///tmp/w/public/orders/", "/tmp/w/public/orders", True),
+        ("s3://lake/w/public/orders", "s3://lake/w/public/orders", True),
+        ("file:/tmp/w/public/orders_old", "/tmp/w/public/orders", False),
+    ],
+)
+def test_a_registered_location_is_compared_as_spark_spells_it(found: str, location: str, same: bool) -> None:
+    assert same_location(found, location) is same

@@ -70,7 +70,7 @@ def unregister_mirrors(spark: SparkSession, catalog: str, tables: list[tuple[Tab
 
 def registered_location(spark: SparkSession, name: str) -> str | None:
     """Where the catalog's ``name`` keeps its Delta table (None: no such table, or not Delta)."""
-    if not spark.catalog.tableExists(name.replace("`", "")):
+    if not spark.catalog.tableExists(name):
         return None
     try:
         row = spark.sql(f"DESCRIBE DETAIL {name}").first()

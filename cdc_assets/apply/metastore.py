@@ -25,6 +25,7 @@ Two settings differ from what Hive's documentation suggests, both found on this 
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import os
 import urllib.request
@@ -55,8 +56,9 @@ def metastore_settings(dsn: str, conf: Mapping[str, str], driver_in_spark: bool)
         "spark.sql.catalogImplementation": "hive",
         f"{jdo}ConnectionURL": jdbc_url(dsn),
         f"{jdo}ConnectionDriverName": "org.postgresql.Driver",
-        f"{jdo}ConnectionUserName": str(parts.get("user") or os.environ.get("PGUSER") or "postgres"),
-        f"{jdo}ConnectionPassword": str(parts.get("password") or ""),
+        # libpq's defaults where the DSN names no user or password
+        f"{jdo}ConnectionUserName": str(parts.get("user") or os.environ.get("PGUSER") or getpass.getuser()),
+        f"{jdo}ConnectionPassword": str(parts.get("password") or os.environ.get("PGPASSWORD") or ""),
         "spark.hadoop.datanucleus.schema.autoCreateTables": "true",
         "spark.hadoop.datanucleus.schema.autoCreateColumns": "true",
         "spark.hadoop.datanucleus.schema.autoCreateConstraints": "false",

@@ -347,3 +347,16 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeou
 
 def cdc(env: dict[str, str], work: Path, *args: str) -> None:
     subprocess.run([sys.executable, "-m", "cdc_assets", *args], env=env, cwd=work, check=True)
+
+
+def dagster_files(work: Path, instance: dict[str, Any]) -> dict[str, str]:
+    """The Dagster instance (``work/dagster_home/dagster.yaml``) and a workspace of the project's
+    code location beside ``work/cdc.yaml``; the environment that runs them."""
+    home = work / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(json.dumps(instance, indent=2), encoding="utf-8")  # JSON is YAML
+    workspace = {
+        "load_from": [{"python_module": {"module_name": "dagster_project.definitions", "working_directory": str(ROOT)}}]
+    }
+    (work / "workspace.yaml").write_text(json.dumps(workspace, indent=2), encoding="utf-8")
+    return {"CDC_CONFIG": str(work / "cdc.yaml"), "DAGSTER_HOME": str(home)}

@@ -132,8 +132,6 @@ def write_files(
     if merges.startswith("follow"):  # one drain run follows the stream for the whole load
         document["drain"] = {"follow_seconds": minutes * 60 + 600, "commit_seconds": FOLLOW_COMMIT_SECONDS}
     (work / "cdc.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
-    home = work / "dagster_home"
-    home.mkdir()
     instance = {
         "run_coordinator": {
             "module": "dagster._core.run_coordinator",
@@ -145,14 +143,7 @@ def write_files(
         "sensors": {"use_threads": True, "num_workers": 4},
         "telemetry": {"enabled": False},
     }
-    (home / "dagster.yaml").write_text(json.dumps(instance, indent=2), encoding="utf-8")
-    workspace = {
-        "load_from": [
-            {"python_module": {"module_name": "dagster_project.definitions", "working_directory": str(common.ROOT)}}
-        ]
-    }
-    (work / "workspace.yaml").write_text(json.dumps(workspace, indent=2), encoding="utf-8")
-    return {"CDC_CONFIG": str(work / "cdc.yaml"), "DAGSTER_HOME": str(home)}
+    return common.dagster_files(work, instance)
 
 
 class Sampler(threading.Thread):

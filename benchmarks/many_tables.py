@@ -96,8 +96,6 @@ def write_files(work: Path, server: str, count: int, merges: str) -> dict[str, s
         "tables": {name: {} for name in table_names(count)},
     }
     (work / "cdc.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
-    home = work / "dagster_home"
-    home.mkdir()
     instance = {
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},
         "concurrency": {"pools": {"default_limit": 1, "granularity": "run"}, "runs": {"max_concurrent_runs": 8}},
@@ -107,14 +105,7 @@ def write_files(work: Path, server: str, count: int, merges: str) -> dict[str, s
         "telemetry": {"enabled": False},
         "nux": {"enabled": False},
     }
-    (home / "dagster.yaml").write_text(json.dumps(instance, indent=2), encoding="utf-8")
-    workspace = {
-        "load_from": [
-            {"python_module": {"module_name": "dagster_project.definitions", "working_directory": str(common.ROOT)}}
-        ]
-    }
-    (work / "workspace.yaml").write_text(json.dumps(workspace, indent=2), encoding="utf-8")
-    return {"CDC_CONFIG": str(work / "cdc.yaml"), "DAGSTER_HOME": str(home)}
+    return common.dagster_files(work, instance)
 
 
 def location_loaded(url: str) -> bool:

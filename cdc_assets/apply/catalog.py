@@ -70,11 +70,9 @@ def unregister_mirrors(spark: SparkSession, catalog: str, tables: list[tuple[Tab
 
 def registered_location(spark: SparkSession, name: str) -> str | None:
     """Where the catalog's ``name`` keeps its Delta table (None: no such table, or not Delta)."""
-    if not spark.catalog.tableExists(name):
-        return None
     try:
         row = spark.sql(f"DESCRIBE DETAIL {name}").first()
-    except AnalysisException:  # not a Delta table: DESCRIBE DETAIL is Delta's
+    except AnalysisException:  # no such table, or not one DESCRIBE DETAIL (Delta's) can describe
         return None
     return None if row is None or row["format"] != "delta" else str(row["location"])
 

@@ -9,7 +9,6 @@ Pools keep one drain per slot and one writer per Delta table at a time (set the 
 """
 
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import dagster as dg
@@ -20,7 +19,6 @@ from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.apply.history import history_rows, write_history
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
 from cdc_assets.apply.table_files import table_files
-from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch
@@ -30,6 +28,7 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from dagster_project.consistent import POINT_KEY, point_metadata
+from dagster_project.lag import lag_evaluation
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.run_tags import MERGES_TAG
 from dagster_project.settings import Settings
@@ -75,8 +74,9 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             " transactions as Parquet segments, then the checkpoint, then the slot's confirmed position (exactly"
             f" once); follows the stream for {settings.config.drain.follow_seconds:g} s after catching up"
             + (
-                ", merging the tables after each durable batch."
-                if settings.config.schedule.merge_with_drain and settings.config.drain.follow_seconds > 0
+                "; in a drain run, merges the tables after each durable batch"
+                f" ({settings.config.spark.parallel_merges} at once)."
+                if settings.config.schedule.merge_with_drain
                 else "."
             )
         ),
@@ -97,17 +97,19 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             )
 
         reports = BatchReports(context)
-        if MERGES_TAG not in context.run.tags or config.drain.follow_seconds <= 0:
+        if MERGES_TAG not in context.run.tags:
             result = drain(config, wait=True, progress=log, on_batch=reports)
             return dg.MaterializeResult(metadata=drain_metadata(result))
-        # a following drain that merges: after each durable batch, on a thread of its own
+        # a drain run that merges (schedule.merge_with_drain): after each durable batch, on threads of its own
         session = spark.session()
 
         def merged(applied: TableApplied) -> None:
             context.log.info(applied.summary())
             table = config.table(applied.table)
+            key = mirror_key(table)
             metadata = table_metadata(applied, mirror_row_count(session, config, table))
-            context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata=metadata))
+            context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
+            context.log_event(lag_evaluation(config, table, key))
 
         def published(point: ConsistentPoint) -> None:
             context.log.info(f"consistent point {point.summary()}")
@@ -199,24 +201,15 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         freshness_policy=dg.FreshnessPolicy.time_window(fail_window=fresh, warn_window=fresh / 2),
         description=f"Delta mirror of {name} at {settings.config.target_path(table)}, merged from the change log.",
         metadata={"source_table": name, "dagster/uri": settings.config.target_path(table), **by_name},
-        output_required=False,  # see below
     )
-    def mirror(
-        context: AssetExecutionContext, source: CdcSource, spark: SparkResource
-    ) -> Iterator[dg.MaterializeResult[None]]:
+    def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
         reader = ChangeLogReader(changelog_store(config))
         checkpoint = reader.require_checkpoint()
-        state = checkpoint.tables.get(name)
-        if MERGES_TAG in context.run.tags and (state is None or state.held_by(table_applied_lsn(config, table))):
-            # A drain run that merges (schedule.merge_with_drain) holds every mirror: one its drain
-            # brought nothing to is left unmaterialized, and its sensor keeps it fresh.
-            context.log.info(f"{name}: the drain brought no change to merge")
-            return
         session = spark.session()
         result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
         context.log.info(result.summary())
-        yield dg.MaterializeResult(metadata=table_metadata(result, mirror_row_count(session, config, table)))
+        return dg.MaterializeResult(metadata=table_metadata(result, mirror_row_count(session, config, table)))
 
     return mirror
 

@@ -21,10 +21,11 @@ for that long, and the next tick after it ends starts the next. The drain sensor
 ``pg_replication_slots`` and asks for a drain when the slot is ``drain_lag_bytes`` behind and no
 drain of the slot is queued or running: the drain then follows the writes instead of the clock.
 
-With ``schedule.merge_with_drain`` the drain's job also holds every mirror (and its lag check): a
-drain run merges, after draining, each table the drain brought changes to — one run per cycle
-instead of one per table, for the lowest latency — and the tables' sensors request a merge of
-their own only while no such run is queued or running (to catch up what a failed run left).
+With ``schedule.merge_with_drain`` the drain's runs also merge (they carry ``cdc/merges``): the
+drain step merges each table its durable batches brought changes to, ``spark.parallel_merges`` at
+once, logging each mirror's materialization and lag check — one run per cycle instead of one per
+table, for the lowest latency and for hundreds of tables — and the tables' sensors request a merge
+of their own only while no such run is queued or running (to catch up what a failed run left).
 
 Each launches a job of its own (:func:`automation_job`) whose steps run in the run's process: the
 default multiprocess executor would start one more Python process per step before any work.
@@ -78,7 +79,7 @@ def automation_job(
     name: str, selection: dg.AssetSelection | list[dg.AssetsDefinition], tags: dict[str, str] | None = None
 ) -> UnresolvedAssetJobDefinition:
     """A job that a schedule or sensor launches, executed in the run's own process, one step at a
-    time (one asset each; the drain's job with ``merge_with_drain``: the drain, then the mirrors)."""
+    time (one asset or check each)."""
     return dg.define_asset_job(name, selection=selection, executor_def=dg.in_process_executor, tags=tags)
 
 
@@ -90,21 +91,14 @@ def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
     )
 
 
-def build_drain_job(
-    settings: Settings, changelog: dg.AssetsDefinition, mirrors: list[dg.AssetsDefinition]
-) -> UnresolvedAssetJobDefinition:
+def build_drain_job(settings: Settings, changelog: dg.AssetsDefinition) -> UnresolvedAssetJobDefinition:
     """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``
     and evaluate the drain's ``slot_held_wal`` check after the drain (selecting an asset selects its
-    checks). With ``schedule.merge_with_drain`` it merges the tables too (``cdc/merges``); the
-    consistent point's sensor publishes the point they make once the run is done (a following
-    run's merges publish it themselves)."""
+    checks). With ``schedule.merge_with_drain`` its drain step merges the tables too (the runs carry
+    ``cdc/merges``) and publishes the consistent point they make whenever the merges catch up."""
     slot = settings.config.source.slot
-    if not settings.config.schedule.merge_with_drain:
-        return automation_job("cdc_drain", [changelog], tags={DRAIN_TAG: slot})
-    selection: dg.AssetSelection = dg.AssetSelection.assets(changelog)
-    for mirror in mirrors:
-        selection = selection | merge_selection(mirror)
-    return automation_job("cdc_drain", selection, tags={DRAIN_TAG: slot, MERGES_TAG: slot})
+    tags = {DRAIN_TAG: slot} | ({MERGES_TAG: slot} if settings.config.schedule.merge_with_drain else {})
+    return automation_job("cdc_drain", [changelog], tags=tags)
 
 
 def build_point_job(settings: Settings, point: dg.AssetsDefinition) -> UnresolvedAssetJobDefinition:

@@ -3,13 +3,12 @@ the WAL its slot holds behind ``restart_lsn``."""
 
 import dagster as dg
 
-from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.parity import Parity, Uncompared, read_parity
 from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, connect, read_held_wal
-from cdc_assets.source.connection import one_row
 from dagster_project.assets import CHANGELOG_KEY, mirror_key
+from dagster_project.lag import LAG_CHECK, lag_result
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 
@@ -74,25 +73,11 @@ def build_lag_check(settings: Settings, table: TableConfig) -> dg.AssetChecksDef
 
     @dg.asset_check(
         asset=mirror_key(table),
-        name="lag",
+        name=LAG_CHECK,
         description=f"WAL written since {name}'s applied LSN stays under {bound:,} bytes (schedule.max_lag_bytes).",
     )
     def lag(source: CdcSource) -> dg.AssetCheckResult:
-        config = source.config()
-        applied = table_applied_lsn(config, table)
-        with connect(config.source, purpose="lag-check") as conn:
-            (current,) = one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))
-        behind = int(current) - (applied or 0)
-        return dg.AssetCheckResult(
-            passed=applied is not None and behind <= bound,
-            severity=dg.AssetCheckSeverity.WARN,
-            metadata={
-                "lag_bytes": dg.MetadataValue.int(behind),
-                "lag_mb": dg.MetadataValue.float(round(behind / 1e6, 3)),
-                "applied_lsn": dg.MetadataValue.text(format_lsn(applied) if applied is not None else "none"),
-                "bound_bytes": dg.MetadataValue.int(bound),
-            },
-        )
+        return lag_result(source.config(), table)
 
     return lag
 

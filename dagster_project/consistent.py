@@ -4,8 +4,8 @@ need the tables to agree (docs/architecture.md, "Consistent points").
 The asset depends on every mirror; a run of it publishes the newest point past the latest one that
 every table holds, and materializes with its LSN, source commit time and lag behind the change
 log's checkpoint (no Spark: delta-rs and the change log). Its sensor (automation.py) looks for such
-a point, read-only, and requests a run when there is one, once per point (after a drain run that
-merges, with ``schedule.merge_with_drain``); a following drain's merges publish points themselves.
+a point, read-only, and requests a run when there is one, once per point; a drain run that merges
+(``schedule.merge_with_drain``) publishes the points its merges make itself.
 """
 
 from collections.abc import Iterator

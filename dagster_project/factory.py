@@ -44,7 +44,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     point = (
         build_consistent_point_asset(settings, list(mirrors.values())) if config.warehouse.consistent_points else None
     )
-    drain = build_drain_job(settings, changelog, list(mirrors.values()))
+    drain = build_drain_job(settings, changelog)
     drain_sensors = [] if lag is None else [build_drain_sensor(settings, drain, lag)]
     points = [] if point is None else [point]
     return dg.Definitions(

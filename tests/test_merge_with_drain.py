@@ -12,11 +12,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from cdc_assets.apply.consistent_points import PointLog
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
+from dagster_project.consistent import POINT_KEY
 from tests.support.dagster_env import DSN_VARIABLE, TABLES
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, holds_key
@@ -70,9 +72,12 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         pg.execute("INSERT INTO public.scratch VALUES (1)")  # the slot behind
         first = drain_run(defs, instance)
         assert materialized(first) == set(TABLES)
+        assert sorted(node.name for node in job.nodes) == ["cdc__changelog", "cdc__changelog_slot_held_wal"]
         checks = {(".".join(e.asset_key.path[1:]), e.check_name) for e in first.get_asset_check_evaluations()}
         # each merge brings its lag check, not parity; the drain its held-WAL check
         assert checks == {(t, "lag") for t in TABLES} | {("changelog", "slot_held_wal")}
+        # the merges publish the point they make: the tables all hold the first drain's checkpoint
+        assert {e.asset_key for e in first.get_asset_materialization_events()} >= {POINT_KEY}
         assert_equal_to_source(pg, config)
 
         # One table changes: the next drain run merges that table alone; the others are not
@@ -88,10 +93,11 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         assert checkpoint is not None
         assert table_applied_lsn(config, config.table(CUSTOMERS)) == checkpoint.lsn
         assert_equal_to_source(pg, config)
-        # … then the point's sensor, idle while the drain run was in flight, publishes the point the
-        # tables make at its checkpoint.
-        [request] = tick(defs, instance, "cdc_consistent_point").run_requests
-        assert request.run_key == f"point@{checkpoint.lsn}"
+        # … and the run published the point the tables make at its checkpoint: the point's sensor,
+        # idle while the drain run was in flight, finds nothing newer.
+        latest = PointLog(config).latest()
+        assert latest is not None and latest.lsn == checkpoint.lsn
+        assert not tick(defs, instance, "cdc_consistent_point").run_requests
 
         # A change reaches the log but not the Delta table (a drain run's merge failed, say). While
         # a drain run that merges is queued, the table's sensor asks for no merge of its own …

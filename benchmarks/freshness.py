@@ -12,12 +12,12 @@ initial copy, not measured), then ``dagster dev`` on the code location with
 
 * ``schedule.drain_lag_bytes: 1``, ``drain_check_seconds: 5``: the drain sensor asks for a drain
   whenever the slot is behind and no drain is queued or running;
-* ``merge_check_seconds: 5``: each table's merge sensor looks every 5 seconds;
+* ``merge_check_seconds: 5``: the merge sensor looks every 5 seconds;
 * ``--merges drain``: ``schedule.merge_with_drain`` — each drain run merges the tables it brought
-  changes to (one run per cycle); ``table``: each table's sensor launches a merge run of its own;
+  changes to (one run per cycle); ``table``: the merge sensor launches a merge run per table;
   ``follow``: one drain run follows the slot's stream for the whole load (``drain.follow_seconds``,
-  a durable batch every ``drain.commit_seconds: 1``) and each table's sensor launches a merge run
-  of its own; ``follow-drain``: the same following drain run with ``schedule.merge_with_drain``,
+  a durable batch every ``drain.commit_seconds: 1``) and the merge sensor launches a merge run
+  per table; ``follow-drain``: the same following drain run with ``schedule.merge_with_drain``,
   so it merges the tables after each durable batch itself (one Spark session for the whole load);
 * a queued run coordinator that dequeues every second, pools of one (one drain, one writer per
   table), the default run launcher (a process per run);

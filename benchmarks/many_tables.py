@@ -22,11 +22,11 @@ coordinator, pools of one, ``max_concurrent_runs: 8``, sensors and schedules on 
   5 s; each table's Delta log is checked once at the end).
 
   ``--merges sensors`` (the defaults): the drain sensor (``drain_lag_bytes: 1``, every 30 s) starts
-  a drain run, and each table's sensor (every 30 s) requests a merge run of its own — requested at
+  a drain run, and the merge sensor (every 30 s) requests a merge run per table — requested at
   the run's creation. ``--merges drain``: the settings the README recommends for many tables — a
   drain run that follows the stream (``drain.follow_seconds: 3600``, ``commit_seconds: 2``) and
-  merges as it goes (``schedule.merge_with_drain``, ``spark.parallel_merges: 4``), the tables'
-  sensors looking every 300 s (they only catch up what a failed run left and keep idle mirrors
+  merges as it goes (``schedule.merge_with_drain``, ``spark.parallel_merges: 4``), the merge
+  sensor looking every 300 s (it only catches up what a failed run left and keeps idle mirrors
   fresh) — a table's merge is requested by that run as the batch that brought it is durable.
 
 Output: ``many_tables.json`` and a summary on standard output.

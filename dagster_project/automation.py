@@ -1,19 +1,6 @@
 """The drain schedule (and, with ``schedule.drain_lag_bytes``, a drain sensor on the slot's lag),
-one merge sensor per table, and the consistent point's sensor.
-
-A table's sensor compares two small things — the change log's checkpoint file (the end LSN of the
-last transaction that changed the table) and the Delta log's recorded applied LSN (read with
-delta-rs) — and requests a merge when the log is ahead. No Spark, no WAL decoding: well inside
-Dagster's sensor time limit. Its cursor is the checkpoint it last requested (or confirmed) for,
-and the run key names it, so each range is requested once. While the table has nothing to merge
-and the drains move the checkpoint on, the sensor reports a runless materialization saying the
-mirror is current as of the new checkpoint — at most every sixth of ``schedule.freshness_minutes``
-— since the mirror's freshness policy counts materializations only: an idle table stays fresh,
-and a table whose drain or merge stops goes stale.
-
-A table's sensor requests nothing while a merge of the table is queued or running (its runs carry
-``cdc/table``): a run merges everything the log holds when it starts, so a second one queued
-behind it would only repeat its fixed costs.
+the consistent point's sensor, and what the sensors' jobs share (the tables' merge sensor is in
+merge_sensor.py).
 
 The drain schedule requests a drain only when no drain of the slot is queued or running (drain
 runs carry the ``cdc/drain`` tag): with ``drain.follow_seconds`` a run follows the slot's stream
@@ -24,8 +11,8 @@ drain of the slot is queued or running: the drain then follows the writes instea
 With ``schedule.merge_with_drain`` the drain's runs also merge (they carry ``cdc/merges``): the
 drain step merges each table its durable batches brought changes to, ``spark.parallel_merges`` at
 once, logging each mirror's materialization and lag check — one run per cycle instead of one per
-table, for the lowest latency and for hundreds of tables — and the tables' sensors request a merge
-of their own only while no such run is queued or running (to catch up what a failed run left).
+table, for the lowest latency and for hundreds of tables — and the merge sensor requests a merge
+run only while no such run is queued or running (to catch up what a failed run left).
 
 Each launches a job of its own (:func:`automation_job`) whose steps run in the run's process: the
 default multiprocess executor would start one more Python process per step before any work.
@@ -36,29 +23,17 @@ import time
 import dagster as dg
 from dagster import SensorEvaluationContext
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
-from dagster._time import get_current_timestamp  # the clock that stamps Dagster's events
 
 from cdc_assets.apply.consistent_points import PointLog, find_point
-from cdc_assets.apply.target import table_applied_lsn
-from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
-from cdc_assets.config import Config, TableConfig
+from cdc_assets.config import Config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source.connection import connect
 from cdc_assets.source.slots import read_slot
-from dagster_project.assets import table_slug
 from dagster_project.resources import CdcSource
-from dagster_project.run_tags import DRAIN_TAG, MERGES_TAG, POINT_TAG, TABLE_TAG
+from dagster_project.run_tags import DRAIN_TAG, MERGES_TAG, POINT_TAG
 from dagster_project.settings import Settings
-
-MERGE_SENSOR_PREFIX = "cdc_merge__"
-"""The names of the tables' merge sensors: this, then ``<schema>__<table>``."""
-
-
-def merge_sensors(defs: dg.Definitions) -> list[dg.SensorDefinition]:
-    """The tables' merge sensors of a code location (not the drain's or the consistent point's)."""
-    return [sensor for sensor in defs.sensors or () if sensor.name.startswith(MERGE_SENSOR_PREFIX)]
 
 
 def idle_confirm_seconds(config: Config) -> float:
@@ -152,69 +127,6 @@ def build_drain_sensor(settings: Settings, job: UnresolvedAssetJobDefinition, la
         return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"drain@{state.current_wal_lsn}")])
 
     return drain_sensor
-
-
-def build_table_sensor(settings: Settings, table: TableConfig, mirror: dg.AssetsDefinition) -> dg.SensorDefinition:
-    config = settings.config
-    name = str(table.name)
-    slug = table_slug(table)
-    confirm_every_s = idle_confirm_seconds(config)
-    in_flight = [({TABLE_TAG: slug}, f"a merge of {name} is queued or running")]
-    if config.schedule.merge_with_drain:
-        in_flight.append(
-            ({MERGES_TAG: config.source.slot}, f"a drain run, which merges {name} too, is queued or running")
-        )
-
-    @dg.sensor(
-        name=f"{MERGE_SENSOR_PREFIX}{slug}",
-        target=automation_job(f"cdc_merge__{slug}", merge_selection(mirror), tags={TABLE_TAG: slug}),
-        minimum_interval_seconds=config.schedule.merge_check_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Requests a merge of {name} when the change log holds changes beyond its applied LSN.",
-    )
-    def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-        checkpoint = read_checkpoint(changelog_store(config))
-        state = checkpoint.tables.get(name) if checkpoint else None
-        if checkpoint is None or state is None:
-            return dg.SkipReason(f"the change log holds nothing for {name} yet")
-        applied = table_applied_lsn(config, table)
-        requested = int(context.cursor) if context.cursor else -1
-        if applied is not None and state.held_by(applied):
-            return confirm_current(context, mirror.key, name, applied, checkpoint.lsn, requested, confirm_every_s)
-        for tags, busy in in_flight:
-            if context.instance.get_runs_count(dg.RunsFilter(tags=tags, statuses=IN_FLIGHT)):
-                return dg.SkipReason(busy)
-        if checkpoint.lsn <= requested:
-            return dg.SkipReason(f"a merge up to {format_lsn(requested)} was already requested")
-        return dg.SensorResult(
-            run_requests=[dg.RunRequest(run_key=f"{name}@{checkpoint.lsn}")],
-            cursor=str(checkpoint.lsn),
-        )
-
-    return merge_sensor
-
-
-def confirm_current(
-    context: SensorEvaluationContext,
-    key: dg.AssetKey,
-    table: str,
-    applied: int,
-    checkpoint_lsn: int,
-    requested: int,
-    every_s: float,
-) -> dg.SensorResult | dg.SkipReason:
-    """For a mirror that holds every change of its table up to the log's checkpoint: a runless
-    materialization saying it is current as of that checkpoint, when the checkpoint has moved past
-    the sensor's cursor (``requested``) and the last materialization is ``every_s`` old."""
-    last = context.instance.get_latest_materialization_event(key)
-    if checkpoint_lsn <= requested or (last is not None and get_current_timestamp() - last.timestamp < every_s):
-        return dg.SkipReason(f"{table} is up to date (applied {format_lsn(applied)})")
-    metadata = {
-        "applied_lsn": format_lsn(applied),
-        "checkpoint_lsn": format_lsn(checkpoint_lsn),
-        "write": f"none: current, no change to {table} since the last merge",
-    }
-    return dg.SensorResult(asset_events=[dg.AssetMaterialization(key, metadata=metadata)], cursor=str(checkpoint_lsn))
 
 
 def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:

@@ -21,19 +21,20 @@ from dagster_project.automation import (
     build_drain_schedule,
     build_drain_sensor,
     build_point_job,
-    build_table_sensor,
 )
 from dagster_project.checks import build_held_wal_check, build_lag_check, build_parity_check
 from dagster_project.consistent import build_consistent_point_asset
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
+from dagster_project.merge_sensor import build_merge_sensor
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 from dagster_project.verify import build_verify_asset
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
-    """The drain asset, its held-WAL check and its schedule; per table a mirror asset, a sensor, a
-    maintenance asset and its schedule, a history asset and checks; the consistent point and its
+    """The drain asset, its held-WAL check and its schedule; per table a mirror asset (and its
+    merge job, which the one merge sensor launches), a maintenance asset and its schedule, a
+    history asset and checks; the consistent point and its
     sensor; the snapshot, rebuild and verify assets; the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
@@ -73,7 +74,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         sensors=[
             *drain_sensors,
             *(build_consistent_point_sensor(settings, build_point_job(settings, p)) for p in points),
-            *(build_table_sensor(settings, table, mirrors[table.name]) for table in config.tables),
+            build_merge_sensor(settings, mirrors),
         ],
         executor=dg.multiprocess_executor.configured({"max_concurrent": config.schedule.run_max_concurrent}),
         resources={

@@ -216,7 +216,7 @@ def expected_keys() -> dict[str, set[str]]:
         | {f"maintenance/{t.replace('.', '/')}" for t in TABLES},
         "checks": {"cdc/changelog:slot_held_wal"}
         | {f"delta/{t.replace('.', '/')}:{check}" for t in TABLES for check in ("parity", "lag")},
-        "sensors": {"cdc_consistent_point"} | {f"cdc_merge__{t.replace('.', '__')}" for t in TABLES},
+        "sensors": {"cdc_consistent_point", "cdc_merges"},
         "schedules": {"cdc_drain_schedule"} | {f"cdc_maintain__{t.replace('.', '__')}" for t in TABLES},
     }
 
@@ -334,15 +334,17 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         # Only the tables with new changes are requested; the idle one is up to date.
         ticks = env.evaluate_sensors()
         assert requested(ticks) == set(changes), {t: tick.skip_message for t, tick in ticks.items()}
-        for table in set(TABLES) - set(changes):
-            assert "up to date" in ticks[table].skip_message
         for table in changes:
-            assert [r.run_key for r in ticks[table].run_requests] == [f"{table}@{checkpoint}"]
+            assert [(r.run_key, r.job_name) for r in ticks[table].run_requests] == [
+                (f"{table}@{checkpoint}", f"cdc_merge__{table.replace('.', '__')}")
+            ]
         # Evaluated again before the merges ran: the cursor holds the range already requested.
         again = env.evaluate_sensors()
         assert requested(again) == set()
         for table in changes:
-            assert "already requested" in again[table].skip_message
+            assert again[table].reason() == f"a merge up to {format_lsn(checkpoint)} was already requested"
+        for table in set(TABLES) - set(changes):
+            assert again[table].reason() == "up to date"
 
         results = merge_requested(env, ticks)
         env.assert_delta_equals_source()
@@ -689,10 +691,8 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
     max_concurrent = executor.config_schema.resolve_config({}).value["config"]["max_concurrent"]
     assert max_concurrent == config.schedule.run_max_concurrent == 2 != config.spark.parallel_merges
     drain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_drain_schedule").job_name)
-    merge_jobs = {
-        t: defs.resolve_job_def(defs.resolve_sensor_def(f"cdc_merge__{t.replace('.', '__')}").job_name)
-        for t in (CUSTOMERS, NOTES)
-    }
+    merge_jobs = {t: defs.resolve_job_def(f"cdc_merge__{t.replace('.', '__')}") for t in (CUSTOMERS, NOTES)}
+    assert {j.name for j in defs.resolve_sensor_def("cdc_merges").jobs} >= {j.name for j in merge_jobs.values()}
     maintain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_maintain__public__customers").job_name)
 
     # The demo's instance settings (pools: limit 1, run granularity), the queued run coordinator,

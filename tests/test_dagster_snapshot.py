@@ -1,6 +1,6 @@
 """The online snapshot in Dagster: a backfill of ``cdc/snapshot`` over a damaged table repairs it
-through the table's sensor-driven merge, while the other tables' merges go on; a table added to
-the config shows its assets, sensor and backfill partition when the code location is reloaded
+through the merge the merge sensor requests, while the other tables' merges go on; a table added to
+the config shows its assets, merge job and backfill partition when the code location is reloaded
 (docs/architecture.md, "Online snapshots"; README, "Operations")."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def test_a_table_added_to_the_config_appears_on_reload(tmp_path: Path, monkeypat
     key = dg.AssetKey(["delta", "public", "notes"])
     assert key not in {spec.key for spec in before.resolve_all_asset_specs()}
     assert key in {spec.key for spec in after.resolve_all_asset_specs()}
-    assert "cdc_merge__public__notes" in {s.name for s in after.sensors}
+    assert "cdc_merge__public__notes" in {j.name for j in after.resolve_sensor_def("cdc_merges").jobs}
     partitions = after.resolve_assets_def(SNAPSHOT_KEY).partitions_def
     assert partitions is not None and NOTES in partitions.get_partition_keys()
     old = before.resolve_assets_def(SNAPSHOT_KEY).partitions_def

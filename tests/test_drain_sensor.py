@@ -12,7 +12,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from dagster_project.automation import merge_sensors
+from dagster_project.merge_sensor import MERGE_SENSOR
 from tests.support.config_file import FILE_NAME
 from tests.support.dagster_env import DSN_VARIABLE, load_code_location
 from tests.support.database import Database
@@ -51,8 +51,7 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
     with dg.instance_for_test() as instance:
         sensor, quiet = tick(defs, instance)
         assert sensor.minimum_interval_seconds == 10
-        merges = merge_sensors(defs)
-        assert merges and {s.minimum_interval_seconds for s in merges} == {5}
+        assert defs.resolve_sensor_def(MERGE_SENSOR).minimum_interval_seconds == 5
         assert not quiet.run_requests and "bytes behind (a drain from 200,000)" in (quiet.skip_message or ""), quiet
 
         pg.execute("INSERT INTO public.scratch SELECT generate_series(1, 20000)")  # WAL the slot has not read

@@ -1,6 +1,6 @@
 """``schedule.merge_with_drain``: the drain's run also merges each table its drain brought changes
-to, and the tables' own sensors stand back while such a run (or a merge of their table) is queued
-or running — evaluated as the daemon does, against a real PostgreSQL slot, the test run's Spark
+to, and the merge sensor stands back for a table while such a run (or a merge of the table) is
+queued or running — evaluated as the daemon does, against a real PostgreSQL slot, the test run's Spark
 session and a Dagster instance."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
 from dagster_project.consistent import POINT_KEY
-from tests.support.dagster_env import DSN_VARIABLE, TABLES
+from dagster_project.merge_sensor import MERGE_SENSOR
+from tests.support.dagster_env import DSN_VARIABLE, TABLES, sensor_reasons
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, holds_key
 from tests.support.pipeline import wait_until
@@ -100,28 +101,30 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         assert not tick(defs, instance, "cdc_consistent_point").run_requests
 
         # A change reaches the log but not the Delta table (a drain run's merge failed, say). While
-        # a drain run that merges is queued, the table's sensor asks for no merge of its own …
+        # a drain run that merges is queued, the merge sensor asks for no merge run of it …
         pg.execute("UPDATE public.orders SET amount = 99 WHERE id = 1")
         drain(config)
         queued = instance.create_run_for_job(job, tags=job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED)
         assert tick(defs, instance, "cdc_drain_on_lag").skip_message == f"a drain of slot {SLOT} is queued or running"
-        waiting = tick(defs, instance, "cdc_merge__public__orders")
+        waiting = tick(defs, instance, MERGE_SENSOR)
         assert not waiting.run_requests
-        assert waiting.skip_message == f"a drain run, which merges {ORDERS} too, is queued or running"
-        # … while an idle table's sensor still goes on to its "current" path (which reports the
-        # mirror current once its last materialization is old enough: tests/test_mirror_freshness.py).
-        idle = tick(defs, instance, "cdc_merge__public__notes")
-        assert not idle.run_requests and (idle.skip_message or "").startswith(f"{NOTES} is up to date (applied ")
+        reasons = sensor_reasons(waiting.skip_message)
+        assert reasons[ORDERS] == "a drain run, which merges it too, is queued or running"
+        # … while an idle table still goes on to its "current" path (which reports the mirror
+        # current once its last materialization is old enough: tests/test_mirror_freshness.py).
+        assert reasons[NOTES] == "up to date"
         instance.report_run_canceled(queued)
 
-        # Then the table's sensor catches up, one merge run at a time.
-        [request] = tick(defs, instance, "cdc_merge__public__orders").run_requests
-        merge_job = defs.resolve_job_def("cdc_merge__public__orders")
+        # Then the merge sensor catches up, one merge run at a time.
+        [request] = tick(defs, instance, MERGE_SENSOR).run_requests
+        assert request.job_name == "cdc_merge__public__orders"
+        merge_job = defs.resolve_job_def(request.job_name)
         pending = instance.create_run_for_job(
             merge_job, tags=merge_job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED
         )
-        behind = tick(defs, instance, "cdc_merge__public__orders")
-        assert not behind.run_requests and behind.skip_message == f"a merge of {ORDERS} is queued or running"
+        behind = tick(defs, instance, MERGE_SENSOR)
+        assert not behind.run_requests
+        assert sensor_reasons(behind.skip_message)[ORDERS] == "a merge of it is queued or running"
         instance.report_run_canceled(pending)
         result = merge_job.execute_in_process(
             instance=instance, tags={**request.tags, "dagster/run_key": request.run_key}

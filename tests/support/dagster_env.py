@@ -38,7 +38,7 @@ from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
-from dagster_project.automation import MERGE_SENSOR_PREFIX, merge_sensors
+from dagster_project.merge_sensor import MERGE_SENSOR
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, rust_rows
@@ -108,13 +108,26 @@ def execute(
 
 @dataclass
 class SensorTick:
-    """One evaluation of one table's sensor."""
+    """One evaluation of the merge sensor, as one table sees it."""
 
     table: str
     sensor: dg.SensorDefinition
     run_requests: list[dg.RunRequest]
     skip_message: str | None
     cursor: str | None
+
+    def reason(self) -> str | None:
+        """Why the tick did nothing for this table (a skipped tick's message names each table)."""
+        return sensor_reasons(self.skip_message).get(self.table)
+
+
+def sensor_reasons(message: str | None) -> dict[str, str]:
+    """The merge sensor's skip message, ``<reason>: <table>, <table>`` per line, as table → reason."""
+    reasons = {}
+    for line in (message or "").splitlines():
+        reason, names = line.rsplit(": ", 1)
+        reasons |= dict.fromkeys(names.split(", "), reason)
+    return reasons
 
 
 @dataclass
@@ -182,24 +195,31 @@ class DagsterEnv:
         return result
 
     def evaluate_sensors(self, *, fresh: bool = False) -> dict[str, SensorTick]:
-        """One tick of every table's merge sensor, with the cursor of its previous tick (``fresh``: with
-        no cursor, and the cursor it returns is not kept)."""
-        ticks = {}
-        for sensor in merge_sensors(self.defs):
-            table = _sensor_table(sensor.name)
-            cursor = None if fresh else self.cursors.get(sensor.name)
-            context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)
-            result = sensor.evaluate_tick(context)
-            ticks[table] = SensorTick(
-                table, sensor, list(result.run_requests or []), result.skip_message, result.cursor
+        """One tick of the merge sensor, with the cursor of its previous tick (``fresh``: with no
+        cursor, and the cursor it returns is not kept), seen per table: its run requests, the
+        tick's skip message."""
+        sensor = self.defs.resolve_sensor_def(MERGE_SENSOR)
+        cursor = None if fresh else self.cursors.get(sensor.name)
+        context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)
+        result = sensor.evaluate_tick(context)
+        if not fresh and result.cursor is not None:
+            self.cursors[sensor.name] = result.cursor
+        requests = list(result.run_requests or [])
+        return {
+            table: SensorTick(
+                table,
+                sensor,
+                [r for r in requests if (r.run_key or "").split("@")[0] == table],
+                result.skip_message,
+                result.cursor,
             )
-            if not fresh and result.cursor is not None:
-                self.cursors[sensor.name] = result.cursor
-        return ticks
+            for table in (str(t.name) for t in self.config().tables)
+        }
 
     def execute_request(self, tick: SensorTick, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
-        """Execute one sensor run request as the daemon would launch it: the sensor's job, its tags."""
-        job = self.defs.resolve_job_def(tick.sensor.job_name)
+        """Execute one sensor run request as the daemon would launch it: the request's job (else the
+        sensor's), its tags."""
+        job = self.defs.resolve_job_def(request.job_name or tick.sensor.job_name)
         tags = {**request.tags, "dagster/sensor_name": tick.sensor.name}
         if request.run_key:
             tags["dagster/run_key"] = request.run_key
@@ -224,12 +244,6 @@ class DagsterEnv:
     def assert_delta_equals_source(self, tables: Sequence[str] = TABLES) -> None:
         with self.db.connect() as conn:
             assert_delta_equals_source(conn, self.config(), tables)
-
-
-def _sensor_table(name: str) -> str:
-    """``cdc_merge__public__orders`` → ``public.orders``."""
-    schema, table = name.removeprefix(MERGE_SENSOR_PREFIX).split("__")
-    return f"{schema}.{table}"
 
 
 # -- the real run queue ----------------------------------------------------------------------------

@@ -291,8 +291,9 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
     for table, tick in ticks.items():
         [request] = tick.run_requests
         assert request.run_key == f"{table}@{env.checkpoint_lsn()}"
-        assert tick.cursor == str(env.checkpoint_lsn())
-        assert env.defs.resolve_job_def(tick.sensor.job_name).executor_def.name == "in_process"
+        assert json.loads(tick.cursor or "{}")[table] == env.checkpoint_lsn()
+        assert request.job_name == f"cdc_merge__{table.replace('.', '__')}"
+        assert env.defs.resolve_job_def(request.job_name).executor_def.name == "in_process"
     results = merge_requested(env, ticks)
     env.assert_delta_equals_source()
     for table, result in results.items():

@@ -127,6 +127,16 @@ class SlotActiveError(SourceError):
     """Another session (a walsender or a second reader) is using the slot right now."""
 
 
+class ServerMismatchError(SourceError):
+    """``source.dsn`` reaches another cluster than the change log was read from, or a server whose
+    timeline history does not continue the log's (a promotion that lost what the log holds)."""
+
+
+class StandbyWaitError(SourceError):
+    """The server holds the slot's changes back until the standbys of ``synchronized_standby_slots``
+    have the WAL, and they do not come."""
+
+
 class SlotGapError(SourceError):
     """The slot is ahead of the change log: changes between the two positions are lost."""
 

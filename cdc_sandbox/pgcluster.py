@@ -202,7 +202,10 @@ class ThrowawayCluster:
         parts = {"host": "127.0.0.1", "port": str(self.port), "user": user, "dbname": dbname, **extra}
         return " ".join(f"{key}={value}" for key, value in parts.items())
 
-    def start(self) -> None:
+    def start(self, *, standby_of: ThrowawayCluster | None = None, standby_slot: str = "standby") -> None:
+        """Create (or find) the cluster and start it. ``standby_of``: the new cluster is a physical
+        standby of that running server, copied with ``pg_basebackup`` and streaming from its physical
+        slot ``standby_slot`` (created), with this cluster's ``settings`` on top of the primary's."""
         self._user = _server_user()
         existing = self.root is not None and (self.root / "data" / "PG_VERSION").exists()
         if existing:
@@ -218,7 +221,13 @@ class ThrowawayCluster:
             entry = pwd.getpwnam(self._user)
             for path in (self.root, self.socket_dir):
                 os.chown(path, entry.pw_uid, entry.pw_gid)
-        if not existing:
+        if standby_of is not None:
+            self._run(
+                "pg_basebackup",
+                *("-D", str(self.data_dir), "-R", "-X", "stream", "-c", "fast", "-C", "-S", standby_slot),
+                *("-d", standby_of.dsn()),  # a dbname in primary_conninfo lets the standby sync logical slots
+            )
+        elif not existing:
             self._run(
                 "initdb",
                 "-D",
@@ -234,21 +243,30 @@ class ThrowawayCluster:
             )
         self.version = int((self.data_dir / "PG_VERSION").read_text().strip())
         self.port = free_port()
-        conf = (
-            {"port": str(self.port)}
-            if existing
-            else {
-                **DEFAULT_SETTINGS,
-                "port": str(self.port),
-                "listen_addresses": "'127.0.0.1'",
-                "unix_socket_directories": f"'{self.socket_dir}'",
-                **self.settings,
-            }
-        )
+        if existing:
+            conf = {"port": str(self.port)}
+        else:
+            conf = {} if standby_of is not None else {**DEFAULT_SETTINGS, "listen_addresses": "'127.0.0.1'"}
+            conf |= {"port": str(self.port), "unix_socket_directories": f"'{self.socket_dir}'", **self.settings}
+            if standby_of is not None:
+                conf["primary_slot_name"] = f"'{standby_slot}'"
         with open(self.data_dir / "postgresql.auto.conf", "a", encoding="utf-8") as auto:
             for key, value in conf.items():  # later lines win: a restart just appends its new port
                 auto.write(f"{key} = {value}\n")
+        self.resume()
+
+    def halt(self) -> None:
+        """Shut the server down (``fast``), keeping its files and port for :meth:`resume`."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+
+    def resume(self) -> None:
+        """Start a halted server again, on its port."""
+        assert self.root is not None, "cluster not started"
         self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.root / "server.log"), "-w", "-t", "60", "start")
+
+    def promote(self) -> None:
+        """End a standby's recovery: it becomes a primary on a new timeline (waits until it is)."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-w", "-t", "60", "promote")
 
     def stop(self) -> None:
         if self.root is None:

@@ -3,7 +3,8 @@
 Every transaction whose commit end LSN is at or below ``lsn`` is in the log, exactly once; the
 slot may be advanced to ``lsn`` and no further (invariant 2). Per table it records the end LSN of
 the last transaction that changed it (a sensor compares that with the table's applied LSN by
-reading this one small file) and its latest schema version.
+reading this one small file) and its latest schema version; and the server (system identifier,
+timeline) the log was last read from.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError, NotSetUpError, StorageError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.source.server_identity import ServerIdentity
 
 FORMAT = 1
 
@@ -76,6 +78,7 @@ class Checkpoint:
     prepared: dict[str, PreparedEntry] = field(default_factory=dict)
     snapshot_lsn: int | None = None
     snapshot_time_us: int | None = None  # when the initial snapshot was taken (µs since 1970, UTC)
+    server: ServerIdentity | None = None  # the server the log was last read from (None: not recorded yet)
 
     def advanced(self, lsn: int, **changes: Any) -> Checkpoint:
         return replace(self, lsn=lsn, **changes)
@@ -88,6 +91,7 @@ class Checkpoint:
             "lsn_text": format_lsn(self.lsn),
             "snapshot_lsn": self.snapshot_lsn,
             "snapshot_time_us": self.snapshot_time_us,
+            "server": self.server.to_json() if self.server else None,
             "tables": {
                 name: {
                     "last_change_lsn": state.last_change_lsn,
@@ -121,6 +125,7 @@ class Checkpoint:
             lsn=int(data["lsn"]),
             snapshot_lsn=data.get("snapshot_lsn"),
             snapshot_time_us=data.get("snapshot_time_us"),
+            server=ServerIdentity.from_json(data["server"]) if data.get("server") else None,
             tables={
                 name: TableState(
                     int(s["last_change_lsn"]),

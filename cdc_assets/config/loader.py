@@ -42,7 +42,7 @@ from cdc_assets.storage import StorageConfig, is_s3
 CONFIG_ENV = "CDC_CONFIG"
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _SECRET_KEYS = frozenset(
-    {"dsn", "metastore_dsn", "access_key_id", "secret_access_key", "session_token"}
+    {"dsn", "standby_dsn", "metastore_dsn", "access_key_id", "secret_access_key", "session_token"}
 )  # never echoed
 
 _Choice = TypeVar("_Choice", bound=str)
@@ -318,9 +318,9 @@ class _Reader:
         spark.done()
         return result
 
-    def optional_text(self, key: str) -> str | None:
+    def optional_text(self, key: str, default: str | None = None) -> str | None:
         """A string, or None when absent or empty (``${VAR:-}``)."""
-        value = self.get(key, "")
+        value = self.get(key, default or "")
         if not isinstance(value, str):
             shown = "a value that is not a string" if key in _SECRET_KEYS else repr(value)
             raise self.fail(key, f"expected a string, got {shown}")

@@ -46,7 +46,9 @@ def default_of(model_field: Field[Any]) -> Any:
 @dataclass(slots=True, frozen=True)
 class SourceConfig:
     """Where changes come from (``source``). ``dsn`` is a libpq connection string or URI;
-    ``snapshot_workers`` connections copy the initial snapshot (default: the machine's cores)."""
+    ``snapshot_workers`` connections copy the initial snapshot (default: the machine's cores);
+    ``failover``: the slot is a failover slot (PostgreSQL 17+), synced to standbys; ``standby_dsn``:
+    a standby whose synced copy of the slot ``status`` reports."""
 
     dsn: str = field(repr=False, metadata={"kind": "text", "options": {}})
     publication: str = setting("cdc_pub")
@@ -57,6 +59,8 @@ class SourceConfig:
     batch_changes: int = setting(1_000_000, "positive")
     heartbeat: bool = setting(False, "flag")
     snapshot_workers: int = setting(kind="positive", factory=lambda: os.cpu_count() or 1)
+    failover: bool = setting(False, "flag")
+    standby_dsn: str | None = field(default=None, repr=False, metadata={"kind": "optional_text", "options": {}})
 
 
 @dataclass(slots=True, frozen=True)
@@ -124,10 +128,13 @@ class DrainConfig:
     ``follow_seconds``: how long one drain follows the slot's stream once it has caught up (0: it
     stops as soon as it has caught up); ``commit_seconds``: how often a following drain makes what
     it received durable (segments, checkpoint, then the slot's confirmed position), and so how
-    soon the change log's readers see a change."""
+    soon the change log's readers see a change; ``standby_wait_seconds``: how long a drain lets the
+    server hold the slot's changes back for the standbys of ``synchronized_standby_slots`` before it
+    stops with an error that says so."""
 
     follow_seconds: float = setting(0.0, "number", what="a number of seconds")
     commit_seconds: float = setting(2.0, "number", what="a number of seconds", above_zero=True)
+    standby_wait_seconds: float = setting(60.0, "number", what="a number of seconds", above_zero=True)
 
 
 DELTA_MIN_RETENTION_HOURS = 168

@@ -29,11 +29,13 @@ from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch, Stre
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.types import TypeCatalog
+from cdc_assets.pipeline.server_check import recognise_server
 from cdc_assets.source import (
     DrainLock,
     SlotState,
     connect,
     emit_heartbeat,
+    ensure_failover,
     read_slot,
     require_usable_slot,
     server_major,
@@ -98,8 +100,9 @@ def drain(
             raise CdcError(
                 f"the change log at {config.changelog.path} belongs to slot {checkpoint.slot}, not {source.slot}"
             )
+        checkpoint = recognise_server(source, store, checkpoint)
         major = server_major(conn)
-        slot = require_usable_slot(read_slot(conn, source.slot), source, checkpoint.lsn)
+        slot = ensure_failover(source, require_usable_slot(read_slot(conn, source.slot), source, checkpoint.lsn))
         if source.heartbeat:
             emit_heartbeat(catalog_conn)
         target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
@@ -119,7 +122,13 @@ def drain(
         while True:
             try:
                 options = pgoutput_options(source, major, two_phase=slot.two_phase)
-                with SlotStream(conn, source, options, writer.checkpoint.lsn) as stream:
+                with SlotStream(
+                    conn,
+                    source,
+                    options,
+                    writer.checkpoint.lsn,
+                    standby_wait_seconds=config.drain.standby_wait_seconds,
+                ) as stream:
                     writer.follow(stream, target, upto_lsn, deadline)
                 break
             except StreamLostError as error:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -33,6 +33,7 @@ from cdc_assets.config import Config
 from cdc_assets.errors import CdcError, SlotMissingError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, copy_table, tables_without_copy
+from cdc_assets.pipeline.server_check import recognise_server
 from cdc_assets.pipeline.snapshot_copy import CopiedSnapshot, copy_snapshot
 from cdc_assets.source import (
     DrainLock,
@@ -41,12 +42,14 @@ from cdc_assets.source import (
     copy_again_when_rewritten,
     create_slot_with_snapshot,
     drop_slot,
+    ensure_failover,
     ensure_publication,
     prune_publication,
     read_slot,
     require_replication_role,
     require_usable_slot,
 )
+from cdc_assets.source.server_identity import read_lineage
 
 SETUP_MARKER = "_setup.json"
 
@@ -95,7 +98,8 @@ def setup(
                     f" was set up for it (checkpoint {format_lsn(checkpoint.lsn)}): changes since then are lost."
                     " Remedy: move the change log and the warehouse aside and run `cdc-assets setup` again"
                 )
-            require_usable_slot(slot, source)
+            ensure_failover(source, require_usable_slot(slot, source))
+            recognise_server(source, store, checkpoint)
         publication = ensure_publication(conn, config)
         result.created_publication = publication.created
         result.added = [str(t) for t in publication.added]
@@ -127,6 +131,7 @@ def _create_slot_and_copy(
                 f" (SELECT pg_drop_replication_slot('{source.slot}')) or set source.slot to a new name"
             )
         drop_slot(conn, source.slot)  # left by a setup that died before its checkpoint
+    server = read_lineage(source).identity
     store.replace(SETUP_MARKER, json.dumps({"slot": source.slot}).encode())
     ChangeLogReader(store).remove_stale()
 
@@ -144,5 +149,5 @@ def _create_slot_and_copy(
     copied = copy_again_when_rewritten(attempt, clean)
     result.created_slot = True
     result.rows.update(copied.rows)
-    write_checkpoint(store, copied.checkpoint)
+    write_checkpoint(store, replace(copied.checkpoint, server=server))
     store.delete(SETUP_MARKER)

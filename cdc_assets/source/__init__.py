@@ -27,7 +27,7 @@ from cdc_assets.source.publication import (
     published_tables,
 )
 from cdc_assets.source.slot_holders import HELD_WAL_WARN_BYTES, HeldWal, PinningTransaction, read_held_wal
-from cdc_assets.source.slots import SlotState, drop_slot, read_slot, require_usable_slot
+from cdc_assets.source.slots import SlotState, drop_slot, ensure_failover, read_slot, require_usable_slot
 from cdc_assets.source.snapshot import (
     ExportedSnapshot,
     SnapshotReader,
@@ -60,6 +60,7 @@ __all__ = [
     "drain_lock_key",
     "drop_slot",
     "emit_heartbeat",
+    "ensure_failover",
     "ensure_publication",
     "load_type_catalog",
     "prune_publication",

@@ -16,6 +16,7 @@ from cdc_assets.errors import SourceError, SourcePermissionError, TableMissingEr
 from cdc_assets.names import TableName
 from cdc_assets.source.connection import one_row
 from cdc_assets.source.publication import publication_exists
+from cdc_assets.source.slots import require_failover_server
 
 MIN_SERVER_MAJOR = 14  # pgoutput protocol 2 (streaming, messages); we decode protocols 1-4
 
@@ -129,6 +130,8 @@ def check_source(conn: psycopg.Connection[Any], config: Config) -> ServerSetting
     """Everything ``setup`` needs from the source, checked before anything is created."""
     settings = read_server_settings(conn)
     require_server_settings(settings)
+    if config.source.failover:
+        require_failover_server(settings.major)
     require_replication_role(conn)
     publication = config.source.publication
     require_tables(

@@ -6,7 +6,8 @@ which explains server errors by the slot's state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -14,6 +15,7 @@ from psycopg import errors
 
 from cdc_assets.config import SourceConfig
 from cdc_assets.errors import (
+    ConfigError,
     SlotActiveError,
     SlotGapError,
     SlotInvalidatedError,
@@ -21,6 +23,11 @@ from cdc_assets.errors import (
     SlotMissingError,
 )
 from cdc_assets.lsn import format_lsn
+from cdc_assets.names import quote_identifier
+from cdc_assets.source.connection import connect, server_major
+
+FAILOVER_MAJOR = 17
+log = logging.getLogger(__name__)
 
 _SETUP_AGAIN = (
     "drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run `cdc-assets setup` again, "
@@ -44,6 +51,8 @@ class SlotState:
     safe_wal_size: int | None
     active_pid: int | None
     invalidation_reason: str | None  # PostgreSQL 17+
+    failover: bool  # PostgreSQL 17+ (false before)
+    synced: bool  # PostgreSQL 17+: a standby's copy of a primary's failover slot
     current_wal_lsn: int
     current_database: str
 
@@ -64,7 +73,10 @@ def read_slot(conn: psycopg.Connection[Any], slot: str) -> SlotState | None:
     row = conn.execute(
         "SELECT s.slot_name::text, s.plugin::text, s.slot_type, s.database::text, s.two_phase, s.wal_status,"
         " (s.confirmed_flush_lsn - '0/0')::int8, (s.restart_lsn - '0/0')::int8, s.safe_wal_size, s.active_pid,"
-        " to_jsonb(s) ->> 'invalidation_reason', (pg_current_wal_lsn() - '0/0')::int8, current_database()::text"
+        " to_jsonb(s) ->> 'invalidation_reason', coalesce((to_jsonb(s) ->> 'failover')::bool, false),"
+        " coalesce((to_jsonb(s) ->> 'synced')::bool, false),"
+        " (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END - '0/0')::int8,"
+        " current_database()::text"
         " FROM pg_replication_slots s WHERE s.slot_name = %s",
         (slot,),
     ).fetchone()
@@ -113,6 +125,30 @@ def require_usable_slot(state: SlotState | None, config: SourceConfig, checkpoin
             " `cdc-assets setup` again, which takes a new initial snapshot"
         )
     return state
+
+
+def require_failover_server(major: int) -> None:
+    """Failover slots need PostgreSQL 17 or later."""
+    if major < FAILOVER_MAJOR:
+        raise ConfigError(
+            f"source.failover: failover slots need PostgreSQL {FAILOVER_MAJOR} or later (the server is {major});"
+            " set source.failover: false"
+        )
+
+
+def ensure_failover(source: SourceConfig, state: SlotState) -> SlotState:
+    """``state``, after turning the slot into a failover slot when ``source.failover`` asks and it
+    is not one yet (the slot must not be in use)."""
+    if not source.failover or state.failover:
+        return state
+    with connect(source, purpose="alter-slot", replication=True) as conn:
+        require_failover_server(server_major(conn))
+        try:
+            conn.execute(f"ALTER_REPLICATION_SLOT {quote_identifier(state.name)} (FAILOVER true)")
+        except errors.ObjectInUse:
+            raise slot_active(state.name, state.active_pid) from None
+    log.info("replication slot %s is now a failover slot", state.name)
+    return replace(state, failover=True)
 
 
 def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:

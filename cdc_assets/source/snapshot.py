@@ -30,6 +30,7 @@ from cdc_assets.source.binary_copy import CopySelect, read_columns
 from cdc_assets.source.catalog import describe_table
 from cdc_assets.source.connection import apply_pinned_settings, connect, one_row, server_major
 from cdc_assets.source.publication import is_partitioned
+from cdc_assets.source.slots import require_failover_server
 
 CHUNK_ROWS = 50_000
 REWRITE_ATTEMPTS = 5
@@ -57,13 +58,17 @@ class ExportedSnapshot:
     two_phase: bool
 
 
-def create_slot_command(slot: str, major: int, two_phase: bool, temporary: bool = False) -> str:
+def create_slot_command(
+    slot: str, major: int, two_phase: bool, temporary: bool = False, *, failover: bool = False
+) -> str:
     """The replication command creating ``slot`` with an exported snapshot on a server version
-    (``temporary``: dropped when the creating connection closes)."""
+    (``temporary``: dropped when the creating connection closes; ``failover``: synced to standbys)."""
     kind = "TEMPORARY LOGICAL" if temporary else "LOGICAL"
+    if failover:
+        require_failover_server(major)
     if major >= 15:
-        options = "SNAPSHOT 'export', TWO_PHASE true" if two_phase else "SNAPSHOT 'export'"
-        return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} {kind} pgoutput ({options})"
+        options = ["SNAPSHOT 'export'"] + ["TWO_PHASE true"] * two_phase + ["FAILOVER true"] * failover
+        return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} {kind} pgoutput ({', '.join(options)})"
     if two_phase:
         raise ConfigError(f"source.two_phase: two-phase decoding needs PostgreSQL 15 or later (the server is {major})")
     return f"CREATE_REPLICATION_SLOT {quote_identifier(slot)} {kind} pgoutput EXPORT_SNAPSHOT"
@@ -81,7 +86,13 @@ def create_slot_with_snapshot(config: SourceConfig, *, temporary: bool = False) 
     open and idle inside the context: any further command on it would end the snapshot.
     """
     with connect(config, purpose="create-slot", replication=True) as conn:
-        command = create_slot_command(config.slot, server_major(conn), config.two_phase and not temporary, temporary)
+        command = create_slot_command(
+            config.slot,
+            server_major(conn),
+            config.two_phase and not temporary,
+            temporary,
+            failover=config.failover and not temporary,
+        )
         try:
             _, consistent_point, snapshot_name, _ = one_row(conn.execute(command))
         except errors.InsufficientPrivilege as error:

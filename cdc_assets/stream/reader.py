@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from contextlib import suppress
 from types import TracebackType
 from typing import Any, Self
@@ -26,6 +27,7 @@ from cdc_assets.source.checks import require_replication_role
 from cdc_assets.source.connection import PINNED_SETTINGS, connect_failure, conninfo
 from cdc_assets.source.failures import diagnose, publication_missing_error
 from cdc_assets.source.publication import publication_exists
+from cdc_assets.source.standby_wait import standby_wait_error
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.options import start_replication_command
 from cdc_assets.stream.process import POOL, ChildError, StreamChild
@@ -36,6 +38,8 @@ BLOCK_ROWS = 8_192
 STATUS_SECONDS = 10.0
 """How often the child reports the flushed position unasked (``wal_sender_timeout`` is 60 s by
 default; the server asks for a reply at half of it in any case)."""
+STANDBY_PROBE_SECONDS = 10.0
+"""How often a stream whose position stands still asks whether its walsender waits for standbys."""
 TERMINATE_WAIT_MS = 10_000
 CONNECTION_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006"})
 """Server shut down or terminated the walsender, or the connection broke: worth reconnecting."""
@@ -56,7 +60,9 @@ class SlotStream:
 
     ``conn`` is an autocommit connection for checks and diagnosis; ``options`` pgoutput's
     (:func:`~cdc_assets.stream.options.pgoutput_options`). The stream starts in the constructor and
-    reports ``start_lsn`` as flushed at once (0 reports nothing).
+    reports ``start_lsn`` as flushed at once (0 reports nothing). A stream whose position stands
+    still for ``standby_wait_seconds`` while its walsender waits for ``synchronized_standby_slots``
+    raises :class:`~cdc_assets.errors.StandbyWaitError`.
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class SlotStream:
         *,
         status_seconds: float = STATUS_SECONDS,
         settings: dict[str, str] | None = None,
+        standby_wait_seconds: float = 60.0,
     ) -> None:
         self.command = start_replication_command(config.slot, start_lsn, options)
         require_replication_role(conn)  # else the connection is refused with nothing to diagnose
@@ -78,6 +85,9 @@ class SlotStream:
         self._config = config
         self.confirmed = start_lsn
         self.last_lsn = start_lsn
+        self._standby_wait_s = standby_wait_seconds
+        self._moved = (start_lsn, time.monotonic())  # the position last seen to move, and when
+        self._probed_at = 0.0
         self._frames: queue.Queue[MessageBlock | StreamPosition | ChildError | BaseException | _Ended] = queue.Queue(
             maxsize=QUEUED_FRAMES
         )
@@ -132,12 +142,15 @@ class SlotStream:
             try:
                 frame = self._frames.get(timeout=timeout)
             except queue.Empty:
+                self._watch_standby_wait(None)
                 return None
         if isinstance(frame, MessageBlock):
             frame = self._gathered(frame)
             self.last_lsn = max(self.last_lsn, int(frame.lsns.max()))
+            self._watch_standby_wait(self.last_lsn)
             return frame
         if isinstance(frame, StreamPosition):
+            self._watch_standby_wait(frame.lsn)
             return frame
         self._ended = True
         self._let_child_go(kill=True)
@@ -146,6 +159,22 @@ class SlotStream:
         if isinstance(frame, _Ended):
             raise StreamLostError(f"the stream of replication slot {self._config.slot} ended unasked")
         raise frame
+
+    def _watch_standby_wait(self, lsn: int | None) -> None:
+        """Note a position the stream reached; when it has stood still long enough, ask whether the
+        walsender waits for ``synchronized_standby_slots`` and raise if so."""
+        now = time.monotonic()
+        if lsn is not None and lsn > self._moved[0]:
+            self._moved = (lsn, now)
+            return
+        waited = now - self._moved[1]
+        if waited < self._standby_wait_s or now - self._probed_at < STANDBY_PROBE_SECONDS or self.backend_pid is None:
+            return
+        self._probed_at = now
+        error = standby_wait_error(self._conn, self.backend_pid, self._config.slot, self._moved[0], waited)
+        if error is not None:
+            self.abort()
+            raise error
 
     def _gathered(self, block: MessageBlock) -> MessageBlock:
         """``block`` and the blocks queued right behind it, as one (up to :data:`BLOCK_ROWS`

@@ -1,12 +1,14 @@
 """Asset checks: on each mirror table, parity with the source and lag within a bound; on the drain,
-the WAL its slot holds behind ``restart_lsn``."""
+the WAL its slot holds behind ``restart_lsn`` and, with a standby, whether its copy of the slot is ready."""
 
 import dagster as dg
 
 from cdc_assets.config import TableConfig
+from cdc_assets.errors import SourceError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.parity import Parity, Uncompared, read_parity
-from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, connect, read_held_wal
+from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, connect, read_held_wal, read_slot
+from cdc_assets.source.standby_slot import read_standby_slot
 from dagster_project.assets import CHANGELOG_KEY, mirror_key
 from dagster_project.lag import LAG_CHECK, lag_result
 from dagster_project.resources import CdcSource, SparkResource
@@ -114,6 +116,47 @@ def build_held_wal_check(settings: Settings, bound: int = HELD_WAL_WARN_BYTES) -
         )
 
     return slot_held_wal
+
+
+def build_standby_slot_check(settings: Settings) -> dg.AssetChecksDefinition:
+    """With ``source.standby_dsn``: fails (WARN) while the standby's synced copy of the failover
+    slot could not take over. Runs after each drain."""
+    slot = settings.config.source.slot
+
+    @dg.asset_check(
+        asset=CHANGELOG_KEY,
+        name="standby_slot_ready",
+        description=(
+            f"The standby (source.standby_dsn) keeps a synced, valid copy of failover slot {slot}, so that the drain"
+            " goes on after a promotion; the metadata has its confirmed LSN and how far it is behind the primary's."
+        ),
+    )
+    def standby_slot_ready(source: CdcSource) -> dg.AssetCheckResult:
+        config = source.config()
+        with connect(config.source, purpose="standby-check") as conn:
+            primary = read_slot(conn, config.source.slot)
+        try:
+            standby = read_standby_slot(config.source, primary)
+        except SourceError as error:
+            return dg.AssetCheckResult(
+                passed=False, severity=dg.AssetCheckSeverity.WARN, description=f"standby unreachable: {error}"
+            )
+        confirmed = standby.confirmed_flush_lsn
+        return dg.AssetCheckResult(
+            passed=standby.problem is None,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=standby.describe(),
+            metadata={
+                "synced": dg.MetadataValue.bool(standby.synced),
+                "confirmed_flush_lsn": dg.MetadataValue.text(
+                    format_lsn(confirmed) if confirmed is not None else "none"
+                ),
+                "behind_bytes": dg.MetadataValue.int(standby.behind_bytes or 0),
+                "invalidation_reason": dg.MetadataValue.text(standby.invalidation_reason or "none"),
+            },
+        )
+
+    return standby_slot_ready
 
 
 def held_wal_metadata(held: HeldWal, bound: int) -> dict[str, dg.MetadataValue]:

@@ -22,7 +22,12 @@ from dagster_project.automation import (
     build_drain_sensor,
     build_point_job,
 )
-from dagster_project.checks import build_held_wal_check, build_lag_check, build_parity_check
+from dagster_project.checks import (
+    build_held_wal_check,
+    build_lag_check,
+    build_parity_check,
+    build_standby_slot_check,
+)
 from dagster_project.consistent import build_consistent_point_asset
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.merge_sensor import build_merge_sensor
@@ -61,6 +66,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         ],
         asset_checks=[
             build_held_wal_check(settings),
+            *([build_standby_slot_check(settings)] if config.source.standby_dsn else []),
             *(
                 check
                 for table in config.tables

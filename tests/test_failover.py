@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import dagster as dg
 import psycopg
 import pytest
 
@@ -24,6 +25,7 @@ from cdc_assets.errors import (
     StandbyWaitError,
 )
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pipeline.status import read_status
 from cdc_assets.source.server_identity import (
     ServerIdentity,
     ServerLineage,
@@ -31,10 +33,15 @@ from cdc_assets.source.server_identity import (
     require_same_history,
 )
 from cdc_sandbox.pgcluster import ThrowawayCluster
+from dagster_project.assets import CHANGELOG_KEY
+from dagster_project.factory import build_definitions
+from dagster_project.settings import load_settings
+from tests.support.dagster_env import DSN_VARIABLE, execute
 from tests.support.database import ClusterPool, Database, create_database, drop_database
 from tests.support.pipeline import Pipeline, wait_until
 
 STANDBY_SLOT = "standby"
+STANDBY_CHECK = dg.AssetCheckKey(CHANGELOG_KEY, "standby_slot_ready")
 SYNCING = {"sync_replication_slots": "on", "hot_standby_feedback": "on"}
 
 
@@ -161,17 +168,36 @@ def refused(pipe: Pipeline, db: Database, error: type[Exception], message: str) 
     assert db.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == slot
 
 
+def standby_readiness(pipe: Pipeline, definitions: dg.Definitions) -> dg.AssetCheckEvaluation:
+    """``cdc-assets status``'s view of the standby's copy of the slot, which must agree with the
+    drain's ``standby_slot_ready`` check, evaluated in Dagster."""
+    shown = read_status(pipe.config()).to_json()["standby_slot"]
+    with dg.instance_for_test() as instance:
+        result = execute(definitions, instance, dg.AssetSelection.checks(STANDBY_CHECK), name="standby_check")
+    [evaluation] = result.get_asset_check_evaluations()
+    assert shown["ready"] is evaluation.passed
+    assert (shown["problem"] is None) is evaluation.passed
+    return evaluation
+
+
 # -- failover slots -------------------------------------------------------------------------------
 
 
 @pytest.mark.slow
-def test_the_drain_follows_a_failover_slot_onto_the_promoted_standby(syncing_pair: Pair, tmp_path: Path) -> None:
+def test_the_drain_follows_a_failover_slot_onto_the_promoted_standby(
+    syncing_pair: Pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pair = syncing_pair
-    pipe = Pipeline(
-        pair.on_primary, tmp_path, ["public.t"], source={"failover": True, "streaming": "on", "two_phase": True}
-    )
+    source = {"failover": True, "streaming": "on", "two_phase": True, "standby_dsn": pair.standby.dsn(pair.name)}
+    pipe = Pipeline(pair.on_primary, tmp_path, ["public.t"], source=source)
     pipe.dsn = pair.dsn()
     pipe.setup()
+    monkeypatch.setenv(DSN_VARIABLE, pipe.dsn)
+    definitions = build_definitions(load_settings(str(pipe.config_path)))
+    assert STANDBY_CHECK in definitions.resolve_job_def("cdc_drain").asset_layer.asset_graph.asset_check_keys
+    not_ready = standby_readiness(pipe, definitions)
+    assert not not_ready.passed and not_ready.severity == dg.AssetCheckSeverity.WARN
+    assert "standby slot cdc_slot: not ready" in (not_ready.description or "")
     primary = pair.on_primary
     assert primary.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == [(True,)]
     write(primary, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 50) g")
@@ -200,6 +226,9 @@ def test_the_drain_follows_a_failover_slot_onto_the_promoted_standby(syncing_pai
         return False
 
     wait_until(synced, timeout=60, interval=1, what="the standby's copy of the slot synced to the drain's position")
+    ready = standby_readiness(pipe, definitions)
+    assert ready.passed, ready.description
+    assert ready.metadata["synced"].value is True and ready.metadata["confirmed_flush_lsn"].value != "none"
     write(primary, "TRUNCATE t", "INSERT INTO t VALUES (1, 'after truncate')")  # drained, not yet synced
     pipe.drain()
     write(primary, "UPDATE t SET v = 'pending' WHERE id = 1")  # only in WAL: drained after the promotion

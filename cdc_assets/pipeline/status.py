@@ -24,6 +24,7 @@ from cdc_assets.source import (
     read_held_wal,
     read_slot,
 )
+from cdc_assets.source.standby_slot import StandbySlot, read_standby_slot
 
 
 @dataclass(slots=True)
@@ -55,6 +56,8 @@ class Status:
     tables: list[TableStatus] = field(default_factory=list)
     source_error: str | None = None
     held_wal: HeldWal | None = None  # the WAL behind the slot's restart_lsn and the transaction pinning it
+    standby: StandbySlot | None = None  # with source.standby_dsn: the standby's copy of the slot
+    standby_error: str | None = None  # with source.standby_dsn: the standby is unreachable
 
     def to_json(self) -> dict[str, Any]:
         slot = self.slot
@@ -84,6 +87,7 @@ class Status:
                 else None
             ),
             "source_error": self.source_error,
+            "standby_slot": _standby_json(self.standby, self.standby_error),
             "checkpoint_lsn": _lsn(self.checkpoint_lsn),
             "snapshot_lsn": _lsn(self.snapshot_lsn),
             "tables": {
@@ -131,6 +135,10 @@ class Status:
             )
         if self.held_wal is not None:
             out += _held_lines(self.held_wal)
+        if self.standby_error is not None:
+            out.append(f"standby: unreachable ({self.standby_error})")
+        elif self.standby is not None:
+            out.append(self.standby.describe())
         if self.checkpoint_lsn is None:
             out.append("change log: not set up")
         else:
@@ -169,6 +177,11 @@ def read_status(config: Config) -> Status:
             status.held_wal = read_held_wal(conn, config.source.slot)
     except SourceError as error:
         status.source_error = str(error)
+    if config.source.standby_dsn is not None:
+        try:
+            status.standby = read_standby_slot(config.source, status.slot)
+        except SourceError as error:
+            status.standby_error = str(error)
     for table in config.tables:
         name = str(table.name)
         state = checkpoint.tables.get(name) if checkpoint else None
@@ -200,6 +213,19 @@ def _held_lines(held: HeldWal) -> list[str]:
     if warning:
         out.append(f"WARNING: {warning}")
     return out
+
+
+def _standby_json(standby: StandbySlot | None, error: str | None) -> dict[str, Any] | None:
+    if standby is None:
+        return None if error is None else {"ready": False, "problem": f"unreachable ({error})"}
+    return {
+        "ready": standby.problem is None,
+        "problem": standby.problem,
+        "synced": standby.synced,
+        "confirmed_flush_lsn": _lsn(standby.confirmed_flush_lsn),
+        "behind_bytes": standby.behind_bytes,
+        "invalidation_reason": standby.invalidation_reason,
+    }
 
 
 def _pinned_json(pinned: PinningTransaction | None) -> dict[str, Any] | None:

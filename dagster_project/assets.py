@@ -27,6 +27,7 @@ from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
+from cdc_assets.source.lock import TableWriteLock
 from dagster_project.consistent import POINT_KEY, point_metadata
 from dagster_project.lag import lag_evaluation
 from dagster_project.resources import CdcSource, SparkResource
@@ -207,7 +208,8 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         reader = ChangeLogReader(changelog_store(config))
         checkpoint = reader.require_checkpoint()
         session = spark.session()
-        result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
+        with TableWriteLock(config.source, name):  # the table's maintenance waits, or this waits for it
+            result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
         context.log.info(result.summary())
         return dg.MaterializeResult(metadata=table_metadata(result, mirror_row_count(session, config, table)))
 

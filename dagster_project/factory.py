@@ -37,15 +37,15 @@ from dagster_project.verify import build_verify_asset
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
-    """The drain asset, its held-WAL check and its schedule; per table a mirror asset (and its
-    merge job, which the one merge sensor launches), a maintenance asset and its schedule, a
-    history asset and checks; the consistent point and its
+    """The drain asset, its held-WAL (and standby) checks and its schedule; per table a mirror asset
+    (and its merge job, which the one merge sensor launches), a maintenance asset, a history asset
+    and checks; one maintenance step and schedule for every table; the consistent point and its
     sensor; the snapshot, rebuild and verify assets; the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
     start = _history_start(settings)
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
-    maintenance = {table.name: build_maintenance_asset(settings, table) for table in config.tables}
+    maintenance = build_maintenance_asset(settings)
     lag = config.schedule.drain_lag_bytes
     point = (
         build_consistent_point_asset(settings, list(mirrors.values())) if config.warehouse.consistent_points else None
@@ -61,7 +61,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             build_verify_asset(settings),
             *mirrors.values(),
             *points,
-            *maintenance.values(),
+            maintenance,
             *(build_history_asset(settings, table, start) for table in config.tables),
         ],
         asset_checks=[
@@ -75,7 +75,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         ],
         schedules=[
             build_drain_schedule(settings, drain),
-            *(build_maintenance_schedule(settings, table, maintenance[table.name]) for table in config.tables),
+            build_maintenance_schedule(settings, maintenance),
         ],
         sensors=[
             *drain_sensors,

@@ -1,52 +1,73 @@
-"""Per table, a maintenance asset ``maintenance/<schema>/<table>`` (OPTIMIZE, REORG … APPLY
-(PURGE), VACUUM as due: ``cdc_assets.apply.maintenance``) and its schedule
-(``warehouse.maintenance.cron``).
+"""Maintenance of every mirror in one step: per table an asset ``maintenance/<schema>/<table>``
+(OPTIMIZE, REORG … APPLY (PURGE), VACUUM as due: ``cdc_assets.apply.maintenance``), all of them
+outputs of one subsettable multi-asset, and one schedule (``warehouse.maintenance.cron``) that
+maintains every table in one run — a run per table would cost hundreds of Dagster runs an hour.
 
-The asset sits in the ``mirror`` group beside the table's mirror asset, which it depends on, and
-in the same pool (``cdc_table__<schema>__<table>``): with the pool's limit of 1, a table's merge
-and its maintenance never run at once, so neither has to lose a Delta conflict and start over. A
-following drain's merges run in the drain's run, outside the pool: the maintenance and they take
-the table's write lock on the source instead (``TableWriteLock``).
+Each asset sits in the ``mirror`` group beside the table's mirror asset, which it depends on. A
+table's maintenance and its merges (the mirror's runs, a following drain's) take the table's write
+lock on the source (``TableWriteLock``): the second waits, so neither loses a Delta conflict.
 """
+
+from collections.abc import Iterator
 
 import dagster as dg
 from dagster import AssetExecutionContext
 
 from cdc_assets.apply.maintenance import Maintained, maintain_configured_table
 from cdc_assets.config import TableConfig
+from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
-from dagster_project.assets import mirror_key, table_pool, table_slug
+from dagster_project.assets import mirror_key
 from dagster_project.automation import automation_job
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
+
+MAINTAIN = "cdc_maintain"
 
 
 def maintenance_key(table: TableConfig) -> dg.AssetKey:
     return dg.AssetKey(["maintenance", table.name.schema, table.name.name])
 
 
-def build_maintenance_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefinition:
-    name = str(table.name)
+def build_maintenance_asset(settings: Settings) -> dg.AssetsDefinition:
+    """Every table's maintenance asset, materialized by one step over the selected tables (a table
+    that fails does not stop the others; the step fails at the end naming it)."""
+    config = settings.config
+    specs = [
+        dg.AssetSpec(
+            maintenance_key(table),
+            deps=[mirror_key(table)],
+            group_name="mirror",
+            kinds={"delta", "spark"},
+            skippable=True,
+            description=(
+                f"Maintenance of the Delta mirror of {table.name}: OPTIMIZE small files, purge deletion vectors,"
+                " VACUUM files older than the retention (each when due)."
+            ),
+            metadata={"dagster/uri": config.target_path(table)},
+        )
+        for table in config.tables
+    ]
 
-    @dg.asset(
-        key=maintenance_key(table),
-        deps=[mirror_key(table)],
-        group_name="mirror",
-        pool=table_pool(table),
-        kinds={"delta", "spark"},
-        description=(
-            f"Maintenance of the Delta mirror of {name}: OPTIMIZE small files, purge deletion vectors, VACUUM"
-            " files older than the retention (each when due)."
-        ),
-        metadata={"dagster/uri": settings.config.target_path(table)},
-    )
+    @dg.multi_asset(name="maintenance", specs=specs, can_subset=True)
     def maintenance(
         context: AssetExecutionContext, source: CdcSource, spark: SparkResource
-    ) -> dg.MaterializeResult[None]:
+    ) -> Iterator[dg.MaterializeResult[None]]:
         config = source.config()
-        result = maintain_configured_table(config, config.table(name), spark.session())
-        context.log.info(result.summary())
-        return dg.MaterializeResult(metadata=maintenance_metadata(result))
+        session = spark.session()
+        selected = [t for t in config.tables if maintenance_key(t) in context.selected_asset_keys]
+        failed: list[str] = []
+        for done, table in enumerate(selected, 1):
+            try:
+                result = maintain_configured_table(config, table, session)
+            except Exception as error:  # noqa: BLE001 - the other tables go on; the step fails at the end
+                context.log.error(f"maintenance of {table.name} failed: {error}")
+                failed.append(str(table.name))
+                continue
+            context.log.info(f"[{done}/{len(selected)}] {result.summary()}")
+            yield dg.MaterializeResult(asset_key=maintenance_key(table), metadata=maintenance_metadata(result))
+        if failed:
+            raise CdcError(f"maintenance failed for {len(failed)} of {len(selected)} tables: {', '.join(failed)}")
 
     return maintenance
 
@@ -74,14 +95,12 @@ def maintenance_metadata(result: Maintained) -> dict[str, dg.MetadataValue]:
     return metadata
 
 
-def build_maintenance_schedule(
-    settings: Settings, table: TableConfig, asset: dg.AssetsDefinition
-) -> dg.ScheduleDefinition:
+def build_maintenance_schedule(settings: Settings, asset: dg.AssetsDefinition) -> dg.ScheduleDefinition:
     return dg.ScheduleDefinition(
-        name=f"cdc_maintain__{table_slug(table)}",
+        name=MAINTAIN,
         cron_schedule=settings.config.warehouse.maintenance.cron,
-        target=automation_job(f"cdc_maintain__{table_slug(table)}", [asset]),
+        target=automation_job(MAINTAIN, [asset]),
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
-        description=f"Maintains the Delta mirror of {table.name} (warehouse.maintenance).",
+        description="Maintains every Delta mirror in one run (warehouse.maintenance).",
     )

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,6 +46,7 @@ from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.setup import setup
 from cdc_assets.source import DrainLock
+from cdc_assets.source.lock import TableWriteLock
 from dagster_project.assets import (
     CHANGELOG_KEY,
     REBUILD_KEY,
@@ -217,7 +219,7 @@ def expected_keys() -> dict[str, set[str]]:
         "checks": {"cdc/changelog:slot_held_wal"}
         | {f"delta/{t.replace('.', '/')}:{check}" for t in TABLES for check in ("parity", "lag")},
         "sensors": {"cdc_consistent_point", "cdc_merges"},
-        "schedules": {"cdc_drain_schedule"} | {f"cdc_maintain__{t.replace('.', '__')}" for t in TABLES},
+        "schedules": {"cdc_drain_schedule", "cdc_maintain"},
     }
 
 
@@ -639,23 +641,29 @@ def history_view(row: dict[str, Any], before: str, after: str) -> dict[str, Any]
 
 
 @pytest.mark.slow
-def test_maintenance_asset_compacts_a_table_beside_its_mirror_in_its_pool(env: DagsterEnv) -> None:
+def test_maintenance_compacts_a_table_beside_its_mirror_under_its_write_lock(env: DagsterEnv) -> None:
     sync(env, 55)
     config = env.config()
     table = config.table(CUSTOMERS)
     key = maintenance_key(table)
     assets = env.defs.resolve_assets_def(key)
-    assert (
-        assets.op.pool == env.defs.resolve_assets_def(MIRROR_KEYS[CUSTOMERS]).op.pool == "cdc_table__public__customers"
-    )
+    every = {maintenance_key(t) for t in config.tables}
+    assert assets.keys == every and assets.can_subset and assets.op.pool is None  # one step for every table
     assert assets.specs_by_key[key].group_name == "mirror"
     assert {d.asset_key for d in assets.specs_by_key[key].deps} == {MIRROR_KEYS[CUSTOMERS]}
-    schedule = env.defs.resolve_schedule_def("cdc_maintain__public__customers")
-    assert env.defs.resolve_job_def(schedule.job_name).asset_layer.selected_asset_keys == {key}
+    schedule = env.defs.resolve_schedule_def("cdc_maintain")
+    assert env.defs.resolve_job_def(schedule.job_name).asset_layer.selected_asset_keys == every
     before, applied = table_files(env.path(CUSTOMERS)), env.applied(CUSTOMERS)
     assert before.files >= 2 and before.deletion_vectors >= 1, before
 
-    metadata = materialization(env.execute(dg.AssetSelection.assets(key)), key)
+    with ThreadPoolExecutor(1) as pool:
+        with TableWriteLock(config.source, CUSTOMERS):  # a merge of the table is writing: maintenance waits
+            running = pool.submit(env.execute, dg.AssetSelection.assets(key))
+            wait_until(lambda: advisory_waiters(env.db) == 1, timeout=120, what="the maintenance waiting")
+            assert table_files(env.path(CUSTOMERS)).version == before.version
+        result = running.result(timeout=300)
+    assert {m.asset_key for m in result.get_asset_materialization_events()} == {key}  # the selected table only
+    metadata = materialization(result, key)
     after = table_files(env.path(CUSTOMERS))
     assert metadata["steps"] == "OPTIMIZE, VACUUM"
     assert (metadata["files_before"], metadata["files"]) == (before.files, after.files) and after.files < before.files
@@ -694,7 +702,7 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
     drain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_drain_schedule").job_name)
     merge_jobs = {t: defs.resolve_job_def(f"cdc_merge__{t.replace('.', '__')}") for t in (CUSTOMERS, NOTES)}
     assert {j.name for j in defs.resolve_sensor_def("cdc_merges").jobs} >= {j.name for j in merge_jobs.values()}
-    maintain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_maintain__public__customers").job_name)
+    maintain_job = defs.resolve_job_def(defs.resolve_schedule_def("cdc_maintain").job_name)
 
     # The demo's instance settings (pools: limit 1, run granularity), the queued run coordinator,
     # and a launcher that executes drains in this process and holds merges as "starting".
@@ -747,7 +755,7 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
             statuses = dequeue()
             assert statuses["drain 1"] in starting and statuses["drain 2"] == queued
             assert statuses["customers 1"] in starting and statuses["customers 2"] == queued
-            assert statuses["customers maintenance"] == queued  # the table's pool: never beside its merge
+            assert statuses["customers maintenance"] in starting  # no pool: it waits for each table's write lock
             assert statuses["notes"] in starting  # another table's pool: not blocked
             wait_until(lambda: advisory_waiters(pg) == 1, timeout=60, what="the first drain waiting for the drain lock")
             assert instance.get_run_by_id(runs["drain 1"]).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
@@ -771,9 +779,7 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
         assert instance.run_coordinator.cancel_run(runs["customers 1"])
         statuses = dequeue()
         assert statuses["customers 1"] == dg.DagsterRunStatus.CANCELED and statuses["customers 2"] in starting
-        assert statuses["customers maintenance"] == queued
         assert instance.run_coordinator.cancel_run(runs["customers 2"])
-        assert dequeue()["customers maintenance"] in starting  # the merge is gone: maintenance goes
         for name in ("customers maintenance", "notes"):
             assert instance.run_coordinator.cancel_run(runs[name])
 

@@ -15,7 +15,7 @@ Per table, in Delta SQL (which also works over Spark Connect), each step only wh
 None of these commits carries the idempotent-write marker, and none removes one: Delta keeps the
 latest ``SetTransaction`` of each application id through every later commit and checkpoint, so a
 table's applied LSN is the same after maintenance and a replayed merge is still skipped. The
-merge and the maintenance of one table must not run at once (Dagster: the table's pool); Delta's
+merge and the maintenance of one table must not run at once (both hold the table's write lock); Delta's
 optimistic concurrency makes whichever commits second fail without effect if they do.
 Checkpoints of the Delta log are Delta's own: one every ``delta.checkpointInterval`` commits
 (default 10, maintenance commits included), and log files past ``delta.logRetentionDuration``

@@ -782,7 +782,7 @@ def test_rewound_slot_replays_are_skipped(
         workload.tx(f"UPDATE t SET v = 'b' WHERE id = {i}", f"INSERT INTO t VALUES ({i + 10}, 'c')")
     stream = drain_module.SlotStream
     # Start where the slot is, not at the checkpoint: as a server that lost its confirmed position would.
-    monkeypatch.setattr(drain_module, "SlotStream", lambda *args: stream(*args[:3], 0))
+    monkeypatch.setattr(drain_module, "SlotStream", lambda *args, **kwargs: stream(*args[:3], 0, **kwargs))
     replayed = spy_replays(monkeypatch)
     _, progress = bounded_progress(40)
     result = pipe.drain(progress=progress)

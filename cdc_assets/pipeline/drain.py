@@ -37,6 +37,7 @@ from cdc_assets.source import (
     emit_heartbeat,
     ensure_failover,
     read_slot,
+    require_replication_role,
     require_usable_slot,
     server_major,
 )
@@ -100,6 +101,7 @@ def drain(
             raise CdcError(
                 f"the change log at {config.changelog.path} belongs to slot {checkpoint.slot}, not {source.slot}"
             )
+        require_replication_role(conn)  # before the replication connection that identifies the server
         checkpoint = recognise_server(source, store, checkpoint)
         major = server_major(conn)
         slot = ensure_failover(source, require_usable_slot(read_slot(conn, source.slot), source, checkpoint.lsn))

@@ -38,7 +38,7 @@ _SETUP_AGAIN = (
 @dataclass(slots=True, frozen=True)
 class SlotState:
     """One row of ``pg_replication_slots`` (LSNs as ints) plus the server's current WAL position
-    and the connection's database, for lag and database checks."""
+    (on a standby: its replay position) and the connection's database, for lag and database checks."""
 
     name: str
     plugin: str | None
@@ -51,6 +51,7 @@ class SlotState:
     safe_wal_size: int | None
     active_pid: int | None
     invalidation_reason: str | None  # PostgreSQL 17+
+    temporary: bool
     failover: bool  # PostgreSQL 17+ (false before)
     synced: bool  # PostgreSQL 17+: a standby's copy of a primary's failover slot
     current_wal_lsn: int
@@ -73,7 +74,7 @@ def read_slot(conn: psycopg.Connection[Any], slot: str) -> SlotState | None:
     row = conn.execute(
         "SELECT s.slot_name::text, s.plugin::text, s.slot_type, s.database::text, s.two_phase, s.wal_status,"
         " (s.confirmed_flush_lsn - '0/0')::int8, (s.restart_lsn - '0/0')::int8, s.safe_wal_size, s.active_pid,"
-        " to_jsonb(s) ->> 'invalidation_reason', coalesce((to_jsonb(s) ->> 'failover')::bool, false),"
+        " to_jsonb(s) ->> 'invalidation_reason', s.temporary, coalesce((to_jsonb(s) ->> 'failover')::bool, false),"
         " coalesce((to_jsonb(s) ->> 'synced')::bool, false),"
         " (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END - '0/0')::int8,"
         " current_database()::text"

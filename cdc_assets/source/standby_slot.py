@@ -14,22 +14,30 @@ from dataclasses import dataclass, replace
 from cdc_assets.config import SourceConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source.connection import connect, one_row
-from cdc_assets.source.slots import SlotState
+from cdc_assets.source.slots import SlotState, read_slot
 
 
 @dataclass(slots=True, frozen=True)
 class StandbySlot:
-    """The standby's copy of the slot (``exists`` false: none), and the primary's confirmed position
+    """The standby's copy of the slot (``copy`` None: none), and the primary's confirmed position
     (None: unknown). ``problem`` says what keeps it from being ready (None: ready)."""
 
     slot: str
     in_recovery: bool
-    exists: bool
-    synced: bool = False
-    temporary: bool = False
-    confirmed_flush_lsn: int | None = None
-    invalidation_reason: str | None = None
+    copy: SlotState | None
     primary_confirmed_lsn: int | None = None
+
+    @property
+    def synced(self) -> bool:
+        return self.copy is not None and self.copy.synced
+
+    @property
+    def confirmed_flush_lsn(self) -> int | None:
+        return None if self.copy is None else self.copy.confirmed_flush_lsn
+
+    @property
+    def invalidation_reason(self) -> str | None:
+        return None if self.copy is None else self.copy.invalidation_reason
 
     @property
     def behind_bytes(self) -> int | None:
@@ -40,19 +48,20 @@ class StandbySlot:
 
     @property
     def problem(self) -> str | None:
+        copy = self.copy
         if not self.in_recovery:
             return "source.standby_dsn reaches a server that is not in recovery (not a standby)"
-        if not self.exists:
+        if copy is None:
             return (
                 f"the standby has no copy of replication slot {self.slot}: set source.failover: true, and on the"
                 " standby sync_replication_slots = on, hot_standby_feedback = on, primary_slot_name, and a dbname"
                 " in primary_conninfo"
             )
-        if not self.synced:
+        if not copy.synced:
             return f"the standby's slot {self.slot} was created there, not synced from the primary"
-        if self.invalidation_reason is not None:
-            return f"the standby's copy of slot {self.slot} is invalidated ({self.invalidation_reason})"
-        if self.temporary or self.confirmed_flush_lsn is None:
+        if copy.invalidation_reason is not None:
+            return f"the standby's copy of slot {self.slot} is invalidated ({copy.invalidation_reason})"
+        if copy.temporary or copy.confirmed_flush_lsn is None:
             return (
                 f"the standby's copy of slot {self.slot} is not kept yet (temporary): it is persisted once the"
                 " primary's slot has moved past the standby's catalog xmin — after a drain that reads new WAL"
@@ -74,21 +83,6 @@ def read_standby_slot(source: SourceConfig, primary: SlotState | None) -> Standb
     if source.standby_dsn is None:
         raise ValueError("source.standby_dsn is not set")
     with connect(replace(source, dsn=source.standby_dsn), purpose="standby-status") as conn:
-        in_recovery, exists, synced, temporary, confirmed, reason = one_row(
-            conn.execute(
-                "SELECT pg_is_in_recovery(), s.slot_name IS NOT NULL, coalesce((to_jsonb(s) ->> 'synced')::bool, false),"
-                " s.temporary, (s.confirmed_flush_lsn - '0/0')::int8, to_jsonb(s) ->> 'invalidation_reason'"
-                " FROM (SELECT 1) one LEFT JOIN pg_replication_slots s ON s.slot_name = %s",
-                (source.slot,),
-            )
-        )
-    return StandbySlot(
-        source.slot,
-        bool(in_recovery),
-        bool(exists),
-        bool(synced),
-        bool(temporary),
-        confirmed,
-        reason,
-        primary.confirmed_flush_lsn if primary else None,
-    )
+        (in_recovery,) = one_row(conn.execute("SELECT pg_is_in_recovery()"))
+        copy = read_slot(conn, source.slot)
+    return StandbySlot(source.slot, bool(in_recovery), copy, primary.confirmed_flush_lsn if primary else None)

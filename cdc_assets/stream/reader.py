@@ -20,7 +20,8 @@ from typing import Any, Self
 import psycopg
 from psycopg import errors
 
-from cdc_assets.config import SourceConfig
+from cdc_assets.config import DrainConfig, SourceConfig
+from cdc_assets.config.model import default
 from cdc_assets.errors import DecodeError, SourceError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source.checks import require_replication_role
@@ -74,7 +75,7 @@ class SlotStream:
         *,
         status_seconds: float = STATUS_SECONDS,
         settings: dict[str, str] | None = None,
-        standby_wait_seconds: float = 60.0,
+        standby_wait_seconds: float = default(DrainConfig, "standby_wait_seconds"),
     ) -> None:
         self.command = start_replication_command(config.slot, start_lsn, options)
         require_replication_role(conn)  # else the connection is refused with nothing to diagnose

@@ -115,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     snapshot = command("snapshot", "copy configured tables again while the drain goes on (online snapshot)", _snapshot)
     snapshot.add_argument("tables", nargs="+", metavar="TABLE", help="a configured table (schema.table)")
+    command(
+        "recover",
+        "after the slot was lost (dropped, invalidated, a failover without a failover slot): create a new slot and"
+        " copy every table again online while the source takes writes",
+        _recover,
+    )
     drain = command("drain", "drain the slot into the change log until caught up (and follow it)", _drain)
     drain.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     drain.add_argument(
@@ -219,6 +225,23 @@ def _snapshot(args: argparse.Namespace) -> int:
     for copied in snapshot_tables(_config(args), args.tables, progress=lambda p: progress.show(p.line())):
         progress.done()
         print(copied.summary())
+    return 0
+
+
+def _recover(args: argparse.Namespace) -> int:
+    from cdc_assets.pipeline.recover import recover
+
+    progress = Progress()
+    result = recover(
+        _config(args),
+        progress=lambda p: progress.show(p.line()),
+        on_gap=lambda gap: print(f"recover: {gap.describe()}"),
+    )
+    progress.done()
+    for line in result.lines():
+        print(line)
+    if result.copied:
+        print("the next drain records each copy, and the next apply brings its table to the source")
     return 0
 
 

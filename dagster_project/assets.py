@@ -26,7 +26,7 @@ from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import DrainResult, drain
-from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
+from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, snapshot_tables
 from cdc_assets.source.lock import TableWriteLock
 from dagster_project.consistent import POINT_KEY, point_metadata
 from dagster_project.lag import lag_evaluation
@@ -275,19 +275,22 @@ def build_snapshot_asset(settings: Settings) -> dg.AssetsDefinition:
 
         (copied,) = snapshot_tables(config, [context.partition_key], progress=show)
         context.log.info(copied.summary())
-        return dg.MaterializeResult(
-            metadata={
-                "rows": copied.rows,
-                "chunks": copied.chunks,
-                "run": copied.run,
-                "consistent_point": format_lsn(copied.consistent_point),
-                "announced_lsn": format_lsn(copied.announced_lsn),
-                "rows_per_s": round(copied.rows / copied.elapsed_s) if copied.elapsed_s else copied.rows,
-                "elapsed_s": round(copied.elapsed_s, 2),
-            }
-        )
+        return dg.MaterializeResult(metadata=copy_metadata(copied))
 
     return snapshot
+
+
+def copy_metadata(copied: TableCopied) -> dict[str, int | float | str]:
+    """A finished online copy, as ``cdc/snapshot`` metadata."""
+    return {
+        "rows": copied.rows,
+        "chunks": copied.chunks,
+        "run": copied.run,
+        "consistent_point": format_lsn(copied.consistent_point),
+        "announced_lsn": format_lsn(copied.announced_lsn),
+        "rows_per_s": round(copied.rows / copied.elapsed_s) if copied.elapsed_s else copied.rows,
+        "elapsed_s": round(copied.elapsed_s, 2),
+    }
 
 
 def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:

@@ -31,6 +31,7 @@ from dagster_project.checks import (
 from dagster_project.consistent import build_consistent_point_asset
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.merge_sensor import build_merge_sensor
+from dagster_project.recover import build_recover_job
 from dagster_project.resources import CdcSource, SparkResource
 from dagster_project.settings import Settings
 from dagster_project.verify import build_verify_asset
@@ -40,7 +41,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     """The drain asset, its held-WAL (and standby) checks and its schedule; per table a mirror asset
     (and its merge job, which the one merge sensor launches), a maintenance asset, a history asset
     and checks; one maintenance step and schedule for every table; the consistent point and its
-    sensor; the snapshot, rebuild and verify assets; the resources."""
+    sensor; the snapshot, rebuild and verify assets; the recover job; the resources."""
     config = settings.config
     changelog = build_changelog_asset(settings)
     start = _history_start(settings)
@@ -82,6 +83,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             *(build_consistent_point_sensor(settings, build_point_job(settings, p)) for p in points),
             build_merge_sensor(settings, mirrors),
         ],
+        jobs=[build_recover_job(settings)],
         executor=dg.multiprocess_executor.configured({"max_concurrent": config.schedule.run_max_concurrent}),
         resources={
             "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),

@@ -30,7 +30,7 @@ from dagster import SensorEvaluationContext
 from dagster._time import get_current_timestamp  # the clock that stamps Dagster's events
 
 from cdc_assets.apply.target import table_applied_lsn
-from cdc_assets.changelog.checkpoint import read_checkpoint
+from cdc_assets.changelog.checkpoint import awaiting_copy_reason, read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
@@ -95,6 +95,9 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
             state = checkpoint.tables.get(name)
             if state is None:
                 verdicts.append(Verdict(name, reason="the change log holds nothing for it yet"))
+                continue
+            if state.awaiting_copy is not None:
+                verdicts.append(Verdict(name, reason=awaiting_copy_reason(state.awaiting_copy)))
                 continue
             applied = table_applied_lsn(config, table)
             before = requested.get(name, -1)

@@ -20,6 +20,7 @@ from cdc_assets.storage import StorageConfig
 from cdc_sandbox.s3server import ThrowawayS3Server
 from tests.support.bucket import Bucket
 from tests.support.database import ClusterPool, Database, create_database, drop_database
+from tests.support.standby_pair import Pair, make_pair
 
 ALL_VERSIONS = [int(v) for v in os.environ.get("CDC_TEST_PG_VERSIONS", "15,16,18").split(",") if v]
 DEFAULT_VERSION = int(os.environ.get("CDC_TEST_PG", "16"))
@@ -111,3 +112,15 @@ def make_role(pg: Database) -> Iterator[Callable[..., str]]:
         for name in made:
             conn.execute(f'DROP OWNED BY "{name}"')
             conn.execute(f'DROP ROLE "{name}"')
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    """A PostgreSQL 18 primary and its standby, without slot synchronisation."""
+    yield from make_pair(sync_slots=False)
+
+
+@pytest.fixture
+def syncing_pair() -> Iterator[Pair]:
+    """A PostgreSQL 18 primary and its standby that syncs failover slots."""
+    yield from make_pair(sync_slots=True)

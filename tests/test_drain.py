@@ -820,7 +820,12 @@ def ready(pg: Database, tmp_path: Path, workload: XidRecorder) -> Pipeline:
 
 def test_refuses_a_missing_slot(ready: Pipeline) -> None:
     ready.db.execute("SELECT pg_drop_replication_slot('cdc_slot')")
-    refused(ready, SlotMissingError, r"replication slot cdc_slot does not exist: run `cdc-assets setup`")
+    refused(
+        ready,
+        SlotMissingError,
+        r"replication slot cdc_slot does not exist: the changes after the change log's checkpoint went with it"
+        r" .* run `cdc-assets recover`",
+    )
 
 
 def test_refuses_a_missing_publication(ready: Pipeline) -> None:
@@ -841,7 +846,7 @@ def test_refuses_a_slot_ahead_of_the_checkpoint(ready: Pipeline) -> None:
         ready,
         SlotGapError,
         rf"replication slot cdc_slot has confirmed LSN {format_lsn(ahead)}, past the change log's checkpoint"
-        rf" {format_lsn(checkpoint)}: .* Nothing was advanced",
+        rf" {format_lsn(checkpoint)}: .* Nothing was advanced. Remedy: run `cdc-assets recover`",
     )
 
 
@@ -868,7 +873,7 @@ def test_refuses_an_invalidated_slot(ready: Pipeline) -> None:
     refused(
         ready,
         SlotInvalidatedError,
-        r"replication slot cdc_slot was invalidated by the server \(wal_status 'lost'.*drop the slot",
+        r"replication slot cdc_slot was invalidated by the server \(wal_status 'lost'.* Remedy: run `cdc-assets recover`",
     )
 
 

@@ -8,12 +8,9 @@ slot re-created by hand, and a primary that holds the slot's changes back for a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
-import psycopg
 import pytest
 
 from cdc_assets.changelog.checkpoint import Checkpoint
@@ -38,11 +35,10 @@ from dagster_project.factory import build_definitions
 from dagster_project.settings import load_settings
 from tests.support.dagster_env import DSN_VARIABLE, execute
 from tests.support.database import ClusterPool, Database, create_database, drop_database
-from tests.support.pipeline import Pipeline, wait_until
+from tests.support.pipeline import Pipeline
+from tests.support.standby_pair import STANDBY_SLOT, Pair, write
 
-STANDBY_SLOT = "standby"
 STANDBY_CHECK = dg.AssetCheckKey(CHANGELOG_KEY, "standby_slot_ready")
-SYNCING = {"sync_replication_slots": "on", "hot_standby_feedback": "on"}
 
 
 # -- the history check, as pure code ----------------------------------------------------------
@@ -75,81 +71,6 @@ def test_a_server_continues_the_history_or_is_refused(
 
 
 # -- a primary and its standby ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Pair:
-    """A PostgreSQL 18 primary, its physical standby (streaming from the physical slot ``standby``)
-    and a database created on the primary before the standby was copied."""
-
-    primary: ThrowawayCluster
-    standby: ThrowawayCluster
-    name: str
-
-    @property
-    def on_primary(self) -> Database:
-        return Database(self.primary, self.name)
-
-    @property
-    def on_standby(self) -> Database:
-        return Database(self.standby, self.name)
-
-    def dsn(self) -> str:
-        """Both servers; libpq picks whichever is the primary."""
-        return (
-            f"host=127.0.0.1,127.0.0.1 port={self.primary.port},{self.standby.port} dbname={self.name}"
-            " user=postgres target_session_attrs=read-write"
-        )
-
-    def replayed(self) -> None:
-        """Wait until the standby has replayed everything the primary has flushed."""
-        (flushed,) = self.on_primary.execute("SELECT pg_current_wal_flush_lsn()")[0]
-        wait_until(
-            lambda: self.on_standby.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (flushed,))[0][0],
-            what="the standby caught up",
-        )
-
-    def fail_over(self) -> None:
-        """Lose the primary (an immediate shutdown) and promote the standby."""
-        self.primary.halt()
-        self.standby.promote()
-
-
-def make_pair(tmp_path: Path, *, sync_slots: bool) -> Iterator[Pair]:
-    primary = ThrowawayCluster(18)
-    primary.start()
-    standby: ThrowawayCluster | None = None
-    try:
-        name = create_database(primary).name
-        with psycopg.connect(primary.dsn(name), autocommit=True) as conn:
-            conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        standby = ThrowawayCluster(18, settings=SYNCING if sync_slots else {})
-        standby.start(standby_of=primary, standby_slot=STANDBY_SLOT)
-        if sync_slots:  # set after the copy: a promoted standby must not wait for its own old slot
-            with psycopg.connect(primary.dsn(), autocommit=True) as conn:
-                conn.execute(f"ALTER SYSTEM SET synchronized_standby_slots = '{STANDBY_SLOT}'")
-                conn.execute("SELECT pg_reload_conf()")
-        yield Pair(primary, standby, name)
-    finally:
-        if standby is not None:
-            standby.stop()
-        primary.stop()
-
-
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[Pair]:
-    yield from make_pair(tmp_path, sync_slots=False)
-
-
-@pytest.fixture
-def syncing_pair(tmp_path: Path) -> Iterator[Pair]:
-    yield from make_pair(tmp_path, sync_slots=True)
-
-
-def write(db: Database, *statements: str) -> None:
-    with db.connect() as conn, conn.transaction():
-        for statement in statements:
-            conn.execute(statement)
 
 
 def checkpoint_of(pipe: Pipeline) -> Checkpoint:
@@ -212,20 +133,7 @@ def test_the_drain_follows_a_failover_slot_onto_the_promoted_standby(
     drained = checkpoint_of(pipe).lsn
     standby = pair.on_standby
 
-    def synced() -> bool:
-        """Whether the standby's copy of the slot is kept (a copy is kept only once the slot's
-        catalog xmin passes the standby's: a drain that reads a new running-transactions record)."""
-        rows = standby.execute(
-            "SELECT NOT temporary, (confirmed_flush_lsn - '0/0')::int8 FROM pg_replication_slots"
-            " WHERE slot_name = 'cdc_slot' AND synced"
-        )
-        if rows and rows[0][0] and (rows[0][1] or 0) >= drained:
-            return True
-        primary.execute("SELECT pg_log_standby_snapshot()")
-        pipe.drain()
-        return False
-
-    wait_until(synced, timeout=60, interval=1, what="the standby's copy of the slot synced to the drain's position")
+    pair.wait_slot_synced("cdc_slot", drained, pipe.drain)
     ready = standby_readiness(pipe, definitions)
     assert ready.passed, ready.description
     assert ready.metadata["synced"].value is True and ready.metadata["confirmed_flush_lsn"].value != "none"

@@ -17,8 +17,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,45 +26,19 @@ from pyspark.sql import functions as F
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
-from cdc_assets.config import Config, load_config
 from cdc_assets.faults import ENV as FAULT
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
 from cdc_assets.pipeline.setup import setup
-from tests.support.config_file import DSN_VARIABLE, write_config
+from tests.support.config_file import DSN_VARIABLE
 from tests.support.database import Database
+from tests.support.load import running_load, workload_config
 from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.oracle import assert_mirrors
 from tests.support.pipeline import wait_until
-from tests.support.workload import Workload, tables_section
+from tests.support.workload import Workload
 
 pytestmark = pytest.mark.slow
-
-
-@contextmanager
-def write_load(workload: Workload) -> Iterator[Callable[[], int]]:
-    """``workload`` runs in a thread until the context ends; yields the operations count so far."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            while not stop.is_set():
-                workload.run(20, allow_pending=False)
-        except BaseException as error:  # noqa: BLE001 — re-raised in the test's thread
-            errors.append(error)
-
-    thread = threading.Thread(target=run, name="write-load")
-    thread.start()
-    try:
-        yield lambda: workload.stats.ops
-    finally:
-        stop.set()
-        thread.join(timeout=120)
-    assert not thread.is_alive(), "the write load did not stop"
-    if errors:
-        raise errors[0]
-    workload.finish()
 
 
 def damage(spark: Any, path: str, key: str) -> None:
@@ -83,19 +55,13 @@ def damage(spark: Any, path: str, key: str) -> None:
     stray.write.format("delta").mode("append").save(path)
 
 
-def pipeline(db: Database, folder: Path, schema: str, workload: Workload, tables: list[str]) -> Config:
-    source = {"publication": f"{schema}_pub", "slot": schema}
-    path = write_config(folder, tables_section([workload.qualified(t) for t in tables]), source=source)
-    return load_config(path, environ={DSN_VARIABLE: db.dsn})
-
-
 def test_online_snapshot_repairs_tables_while_the_others_keep_flowing(pg: Database, spark: Any, tmp_path: Path) -> None:
     schema = "online"
     workload = Workload(pg.dsn, schema, seed=1311)
     workload.create()
     workload.populate(60)
     tables = ["kinds", "docs", "parent", "child", "bag", "events", "orders"]
-    config = pipeline(pg, tmp_path, schema, workload, tables)
+    config = workload_config(pg.dsn, tmp_path, schema, workload, tables)
     session = spark.newSession()
     with fast_spark(session):
         setup(config)
@@ -108,7 +74,7 @@ def test_online_snapshot_repairs_tables_while_the_others_keep_flowing(pg: Databa
         assert docs in report(compare_all(config, pg.dsn, None)), "the damage is not visible"
         others = [str(t.name) for t in config.tables if str(t.name) not in (docs, bag, orders)]
 
-        with write_load(workload) as ops:
+        with running_load(workload) as ops:
             copying, others_applied = threading.Event(), threading.Event()
             copied: list[Any] = []
 
@@ -120,7 +86,7 @@ def test_online_snapshot_repairs_tables_while_the_others_keep_flowing(pg: Databa
                     copying.set()
                     assert others_applied.wait(300), "the other tables were not applied"
 
-            wider = pipeline(pg, tmp_path, schema, workload, [*tables, "coded"])  # a table added mid-stream
+            wider = workload_config(pg.dsn, tmp_path, schema, workload, [*tables, "coded"])  # a table added mid-stream
 
             def copy() -> None:
                 try:
@@ -171,7 +137,7 @@ def test_snapshot_killed_at_random_points_then_rerun(pg: Database, spark: Any, t
     workload.create()
     workload.populate(40)
     workload.conn.execute(f"INSERT INTO {schema}.bag SELECT g, 'bulk', g, NULL, NULL FROM generate_series(1, 120000) g")
-    config = pipeline(pg, tmp_path, schema, workload, ["kinds", "docs", "bag", "orders"])
+    config = workload_config(pg.dsn, tmp_path, schema, workload, ["kinds", "docs", "bag", "orders"])
     docs, bag = workload.qualified("docs"), workload.qualified("bag")
     environ = {**os.environ, DSN_VARIABLE: pg.dsn}
     command = [sys.executable, "-m", "cdc_assets", "snapshot", docs, bag, "-c", str(config.path)]
@@ -183,7 +149,7 @@ def test_snapshot_killed_at_random_points_then_rerun(pg: Database, spark: Any, t
         drain(config, wait=True)
         apply_tables(config, session)
         while len(kills) < KILLS or len(set(kills)) < 3:  # at least three kinds of kill point
-            with write_load(workload):
+            with running_load(workload):
                 if rng.random() < 0.5:
                     point = rng.choice(points)
                     done = subprocess.run(command, env={**environ, FAULT: point}, capture_output=True, timeout=300)
@@ -214,7 +180,7 @@ def test_snapshot_killed_at_random_points_then_rerun(pg: Database, spark: Any, t
         drain(config, wait=True)
         apply_tables(config, session)
         damage(session, config.target_path(config.table(docs)), "id")
-        with write_load(workload):
+        with running_load(workload):
             done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         drain(config, wait=True)

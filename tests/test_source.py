@@ -317,7 +317,8 @@ def test_slot_lifecycle(pg: Database) -> None:
     source = source_of(pg)
     with pg.connect() as conn:
         with pytest.raises(
-            SlotMissingError, match=rf"replication slot {source.slot} does not exist: run `cdc-assets setup`"
+            SlotMissingError,
+            match=rf"replication slot {source.slot} does not exist: .* else run `cdc-assets recover`: it creates a new slot",
         ):
             require_usable_slot(read_slot(conn, source.slot), source)
         with create_slot_with_snapshot(source) as snapshot:
@@ -428,7 +429,7 @@ def test_invalidated_slot(pg: Database) -> None:
         state = read_slot(conn, source.slot)
         message = (
             rf"replication slot {source.slot} was invalidated by the server.*wal_status 'lost'.*gone"
-            r".*drop the slot .*cdc-assets setup"
+            r".*Remedy: run `cdc-assets recover`"
         )
         with pytest.raises(SlotInvalidatedError, match=message):
             require_usable_slot(state, source)

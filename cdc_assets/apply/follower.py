@@ -186,7 +186,11 @@ class MergeFollower:
         checkpoint = read_checkpoint(changelog_store(self._config))
         if checkpoint is None:
             return []
-        tables = {name: state for name, state in checkpoint.tables.items() if name in self._configured}
+        tables = {
+            name: state
+            for name, state in checkpoint.tables.items()
+            if name in self._configured and state.awaiting_copy is None
+        }
         if self._seen is None:
             due = [
                 name

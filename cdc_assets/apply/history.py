@@ -2,7 +2,8 @@
 
 One row per change (snapshot rows are not changes): the operation, LSNs, position, xid, commit
 time, the ``before`` image (the old key or old row when PostgreSQL sent one) and the ``after``
-image, and the columns sent as unchanged TOAST. A day is written with ``replaceWhere`` on its
+image, and the columns sent as unchanged TOAST. A lost slot's gap is one ``gap`` row on the day of
+its recovery: the changes in its LSN range are not in the history. A day is written with ``replaceWhere`` on its
 partition, so writing a day again — a backfill, a retry — gives the same partition.
 """
 
@@ -16,17 +17,33 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.apply.target import delta_table_exists
-from cdc_assets.changelog.checkpoint import TableState
+from cdc_assets.changelog.checkpoint import Gap, TableState
 from cdc_assets.changelog.planner import latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.messages import UNIX_EPOCH, unix_time
-from cdc_assets.pgoutput.records import ChangeChunk, Op, RecordColumn
+from cdc_assets.pgoutput.records import COMMIT_TIME_TYPE, ChangeChunk, Op, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 
 DAY = "commit_day"
 _CHANGE_COLUMNS = [RecordColumn.OP, RecordColumn.COMMIT_LSN, RecordColumn.END_LSN, RecordColumn.POSITION, RecordColumn.XID, RecordColumn.COMMIT_TIME,
                    RecordColumn.OLD_KIND, RecordColumn.UNCHANGED]  # fmt: skip
+
+
+GAP_OP = "gap"
+"""The operation of a history row that marks a lost slot's gap (``cdc-assets recover``)."""
+_GAP_SCHEMA = pa.schema(
+    [
+        pa.field(RecordColumn.OP, pa.string(), nullable=False),
+        pa.field(RecordColumn.COMMIT_LSN, pa.int64(), nullable=False),
+        pa.field(RecordColumn.END_LSN, pa.int64(), nullable=False),
+        pa.field(RecordColumn.POSITION, pa.int64(), nullable=False),
+        pa.field(RecordColumn.XID, pa.int64(), nullable=False),
+        pa.field(RecordColumn.COMMIT_TIME, COMMIT_TIME_TYPE, nullable=False),
+        pa.field(RecordColumn.OLD_KIND, pa.string()),
+        pa.field(RecordColumn.UNCHANGED, pa.list_(pa.string())),
+    ]
+)
 
 
 class HistoryGoneError(CdcError):
@@ -57,13 +74,42 @@ def history_rows(reader: ChangeLogReader, table: str, state: TableState, day: da
         records = records.filter(keep)
         if records.num_rows:
             chunks.append(ChangeChunk(chunk.relation, records))
+    checkpoint = reader.checkpoint()
+    gaps = _gap_rows([g for g in checkpoint.gaps if start <= unix_time(g.time_us) < end] if checkpoint else [])
     if not chunks:
-        return pa.table({})
+        return _with_day(gaps, day) if gaps.num_rows else pa.table({})
     before = _image(chunks, relation, "old")
     after = _image(chunks, relation, "new")
-    changes = pa.concat_tables([c.records.select(_CHANGE_COLUMNS) for c in chunks])
-    days = pa.array([day] * changes.num_rows, pa.date32())
-    return changes.append_column("before", before).append_column("after", after).append_column(DAY, days)
+    changes = pa.concat_tables([c.records.select(_CHANGE_COLUMNS) for c in chunks]).cast(_GAP_SCHEMA)
+    changes = changes.append_column("before", before).append_column("after", after)
+    if gaps.num_rows:
+        changes = pa.concat_tables([changes, gaps], promote_options="default").sort_by(
+            [(RecordColumn.END_LSN, "ascending"), (RecordColumn.POSITION, "ascending")]
+        )
+    return _with_day(changes, day)
+
+
+def _with_day(rows: pa.Table, day: date) -> pa.Table:
+    return rows.append_column(DAY, pa.array([day] * rows.num_rows, pa.date32()))
+
+
+def _gap_rows(gaps: list[Gap]) -> pa.Table:
+    """One ``gap`` row per lost slot's gap: the transactions that ended in ``(commit LSN, end LSN]``
+    are not in the history (the table was copied again after it), recorded at the recovery's time."""
+    return pa.Table.from_pylist(
+        [
+            {
+                RecordColumn.OP: GAP_OP,
+                RecordColumn.COMMIT_LSN: g.lost_after,
+                RecordColumn.END_LSN: g.slot_point,
+                RecordColumn.POSITION: 0,
+                RecordColumn.XID: 0,
+                RecordColumn.COMMIT_TIME: unix_time(g.time_us),
+            }
+            for g in gaps
+        ],
+        schema=_GAP_SCHEMA,
+    )
 
 
 def write_history(

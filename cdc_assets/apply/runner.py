@@ -19,6 +19,7 @@ from cdc_assets.apply.catalog import register_mirror
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.session import is_connect, table_session
 from cdc_assets.apply.target import DeltaTarget, app_id
+from cdc_assets.changelog.checkpoint import awaiting_copy_reason
 from cdc_assets.changelog.planner import fill_from_history, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
@@ -140,6 +141,9 @@ def _apply_table(
     if state is None:
         result.skipped = "not in the change log (not published, or set up before it was configured)"
         return result
+    if state.awaiting_copy is not None:
+        result.skipped = awaiting_copy_reason(state.awaiting_copy)
+        return result
     if applied is not None and applied >= lsn:
         result.skipped = "up to date"
         return result
@@ -177,6 +181,8 @@ def rebuild_table(
     state = checkpoint.tables.get(name) if checkpoint else None
     if checkpoint is None or state is None:
         raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog.path} holds nothing for it")
+    if state.awaiting_copy is not None:
+        raise CdcError(f"cannot rebuild {name}: {awaiting_copy_reason(state.awaiting_copy)}")
     target = delta_target(config, table, spark)
     chunks = list(reader.read_table(name, state, upto=checkpoint.lsn))
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)

@@ -65,9 +65,13 @@ def _recorded_lsn(metadata: object) -> int | None:
 def quiet_between(reader: ChangeLogReader, table: str, state: TableState | None, low: int, high: int) -> bool:
     """Whether the log has no change of ``table`` with end LSN in ``(low, high]`` and announced no
     copy of it there (``state``: the table's entry in the checkpoint; None: it has none). Where
-    retention folded the changes away, nobody can tell: not quiet."""
+    retention folded the changes away, or a lost slot's gap lies in between, nobody can tell: not
+    quiet."""
     if state is None or low >= high:
         return True
+    checkpoint = reader.checkpoint()
+    if checkpoint is not None and checkpoint.gap_between(low, high) is not None:
+        return False
     if (state.folded is not None and low < state.folded.lsn) or reader.due_snapshot_run(state, low, high):
         return False
     return state.last_change_lsn <= low or not any(c.records.num_rows for c in reader.read_changes(table, low, high))

@@ -3,8 +3,8 @@
 Every transaction whose commit end LSN is at or below ``lsn`` is in the log, exactly once; the
 slot may be advanced to ``lsn`` and no further (invariant 2). Per table it records the end LSN of
 the last transaction that changed it (a sensor compares that with the table's applied LSN by
-reading this one small file) and its latest schema version; and the server (system identifier,
-timeline) the log was last read from.
+reading this one small file) and its latest schema version; the server (system identifier,
+timeline) the log was last read from; and the gaps ``cdc-assets recover`` bridged with re-copies.
 """
 
 from __future__ import annotations
@@ -41,19 +41,66 @@ class Folded:
 
 
 @dataclass(slots=True, frozen=True)
+class Gap:
+    """Changes the log can never hold: a slot lost after the log's position ``lost_after``, replaced
+    by a new slot whose consistent point is ``slot_point``; the transactions that ended in between
+    reach each table through its re-copy (``cdc-assets recover``, at ``time_us``), not as changes."""
+
+    lost_after: int
+    slot_point: int
+    time_us: int
+    reason: str
+
+    def overlaps(self, low: int, high: int) -> bool:
+        """Whether some transaction ending in ``(low, high]`` may have ended inside the gap."""
+        return low < self.slot_point and self.lost_after < high
+
+    def describe(self) -> str:
+        return (
+            f"{self.reason}; a new slot starts at LSN {format_lsn(self.slot_point)}: the transactions that ended in"
+            f" ({format_lsn(self.lost_after)}, {format_lsn(self.slot_point)}] reach the tables through their copies"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lost_after": self.lost_after,
+            "lost_after_text": format_lsn(self.lost_after),
+            "slot_point": self.slot_point,
+            "slot_point_text": format_lsn(self.slot_point),
+            "time_us": self.time_us,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Gap:
+        return cls(int(data["lost_after"]), int(data["slot_point"]), int(data["time_us"]), str(data["reason"]))
+
+
+@dataclass(slots=True, frozen=True)
 class TableState:
     """What the log holds for one table: ``snapshot_run`` is its latest copy (an online snapshot
-    run or a compacted base); ``folded`` says which of its changes retention removed."""
+    run or a compacted base); ``folded`` says which of its changes retention removed;
+    ``awaiting_copy`` (a recovery's slot point) holds the table until a copy at or after it is
+    announced: its Delta table lacks the changes of the gap."""
 
     last_change_lsn: int
     schema_version: int
     relation: RelationSchema
     snapshot_run: SnapshotRunRef | None = None
     folded: Folded | None = None
+    awaiting_copy: int | None = None
 
     def held_by(self, applied: int | None) -> bool:
         """Whether a Delta table whose applied LSN is ``applied`` holds every change logged for it."""
         return applied is not None and self.last_change_lsn <= applied
+
+
+def awaiting_copy_reason(slot_point: int) -> str:
+    """Why a table held after a lost slot is not merged."""
+    return (
+        f"held until its copy after the lost slot (new slot at LSN {format_lsn(slot_point)}) is drained:"
+        " `cdc-assets recover` copies it"
+    )
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,6 +126,15 @@ class Checkpoint:
     snapshot_lsn: int | None = None
     snapshot_time_us: int | None = None  # when the initial snapshot was taken (µs since 1970, UTC)
     server: ServerIdentity | None = None  # the server the log was last read from (None: not recorded yet)
+    gaps: tuple[Gap, ...] = ()  # oldest first
+
+    def gap_between(self, low: int, high: int) -> Gap | None:
+        """The latest gap a transaction ending in ``(low, high]`` may have ended in, if any."""
+        return next((g for g in reversed(self.gaps) if g.overlaps(low, high)), None)
+
+    def tables_awaiting_copy(self) -> list[str]:
+        """The tables held until their re-copy after the latest gap."""
+        return sorted(name for name, state in self.tables.items() if state.awaiting_copy is not None)
 
     def advanced(self, lsn: int, **changes: Any) -> Checkpoint:
         return replace(self, lsn=lsn, **changes)
@@ -92,6 +148,7 @@ class Checkpoint:
             "snapshot_lsn": self.snapshot_lsn,
             "snapshot_time_us": self.snapshot_time_us,
             "server": self.server.to_json() if self.server else None,
+            "gaps": [g.to_json() for g in self.gaps],
             "tables": {
                 name: {
                     "last_change_lsn": state.last_change_lsn,
@@ -99,6 +156,7 @@ class Checkpoint:
                     "relation": state.relation.to_json(),
                     "snapshot_run": state.snapshot_run.to_json() if state.snapshot_run else None,
                     "folded": state.folded.to_json() if state.folded else None,
+                    "awaiting_copy": state.awaiting_copy,
                 }
                 for name, state in sorted(self.tables.items())
             },
@@ -126,6 +184,7 @@ class Checkpoint:
             snapshot_lsn=data.get("snapshot_lsn"),
             snapshot_time_us=data.get("snapshot_time_us"),
             server=ServerIdentity.from_json(data["server"]) if data.get("server") else None,
+            gaps=tuple(Gap.from_json(g) for g in data.get("gaps", [])),
             tables={
                 name: TableState(
                     int(s["last_change_lsn"]),
@@ -133,6 +192,7 @@ class Checkpoint:
                     RelationSchema.from_json(s["relation"]),
                     SnapshotRunRef.from_json(s["snapshot_run"]) if s.get("snapshot_run") else None,
                     Folded.from_json(s["folded"]) if s.get("folded") else None,
+                    s.get("awaiting_copy"),
                 )
                 for name, s in data.get("tables", {}).items()
             },

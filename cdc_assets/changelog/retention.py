@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, write_checkpoint
+from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, awaiting_copy_reason, write_checkpoint
 from cdc_assets.changelog.compacted_base import write_base
 from cdc_assets.changelog.layout import CHECKPOINT, COPY_BATCH, MESSAGES, TRANSACTIONS, SegmentName, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader, Segment
@@ -113,6 +113,10 @@ def retain(
     for table in config.tables:
         state = checkpoint.tables.get(str(table.name))
         if state is None:
+            continue
+        if state.awaiting_copy is not None:  # its copy will replace what the log holds for it: not folded
+            needs.append(state.awaiting_copy)
+            result.tables.append(TableRetention(str(table.name), skipped=awaiting_copy_reason(state.awaiting_copy)))
             continue
         needed = needed_after(state, applied.get(str(table.name)), checkpoint.lsn)
         needs.append(needed)

@@ -313,7 +313,8 @@ class BatchWriter:
         again, and its columns are the run's unless the log holds a change after the run's
         consistent point (whose columns are newer). A run older than the table's latest copy (a
         compacted base retention wrote meanwhile, past the run's consistent point) is not used: the
-        base is, from the announcement on — the log's changes the run would need are gone."""
+        base is, from the announcement on — the log's changes the run would need are gone. A run at or
+        after the point a table awaits a re-copy from (``cdc-assets recover``) releases it."""
         ref = SnapshotRunRef(run.run, run.consistent_point, end_lsn)
         state = self._tables.get(run.table)
         if state is None:
@@ -323,12 +324,14 @@ class BatchWriter:
         if latest is not None and latest.consistent_point > run.consistent_point:
             ref = SnapshotRunRef(latest.run, latest.consistent_point, end_lsn)
         newer_columns = state.last_change_lsn <= run.consistent_point and not state.relation.same_version(run.relation)
+        awaiting = state.awaiting_copy
         self._tables[run.table] = replace(
             state,
             last_change_lsn=max(state.last_change_lsn, end_lsn),
             schema_version=state.schema_version + 1 if newer_columns else state.schema_version,
             relation=run.relation if newer_columns else state.relation,
             snapshot_run=ref,
+            awaiting_copy=awaiting if awaiting is not None and run.consistent_point < awaiting else None,
         )
 
     def _take_prepared(self, gid: str, end_lsn: int) -> PreparedEntry:

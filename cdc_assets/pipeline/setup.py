@@ -96,7 +96,7 @@ def setup(
                 raise SlotMissingError(
                     f"replication slot {source.slot} does not exist, but the change log at {config.changelog.path}"
                     f" was set up for it (checkpoint {format_lsn(checkpoint.lsn)}): changes since then are lost."
-                    " Remedy: move the change log and the warehouse aside and run `cdc-assets setup` again"
+                    " Remedy: run `cdc-assets recover` (a new slot, every table copied again online)"
                 )
             ensure_failover(source, require_usable_slot(slot, source))
             recognise_server(source, store, checkpoint)

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cdc_assets.apply.target import table_applied_lsn
+from cdc_assets.changelog.checkpoint import Gap, awaiting_copy_reason
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.retention import Hold, table_hold
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef
@@ -15,6 +16,7 @@ from cdc_assets.config import Config
 from cdc_assets.errors import SourceError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import unix_time
+from cdc_assets.pipeline.slot_check import lost_slot_error
 from cdc_assets.source import (
     HELD_WAL_WARN_BYTES,
     HeldWal,
@@ -36,6 +38,7 @@ class TableStatus:
     delta_path: str | None = None
     snapshot_run: SnapshotRunRef | None = None  # the table's latest copy: online snapshot run or compacted base
     held: Hold | None = None  # segments past the retention kept because this table still needs them
+    awaiting_copy: int | None = None  # held after a lost slot until its copy from this LSN on is drained
 
     @property
     def behind(self) -> bool:
@@ -58,6 +61,8 @@ class Status:
     held_wal: HeldWal | None = None  # the WAL behind the slot's restart_lsn and the transaction pinning it
     standby: StandbySlot | None = None  # with source.standby_dsn: the standby's copy of the slot
     standby_error: str | None = None  # with source.standby_dsn: the standby is unreachable
+    slot_problem: str | None = None  # why the drain refuses the slot (lost, or another server): recover
+    gaps: tuple[Gap, ...] = ()  # the lost slots' gaps, bridged by re-copies
 
     def to_json(self) -> dict[str, Any]:
         slot = self.slot
@@ -74,7 +79,9 @@ class Status:
                 "safe_wal_size": slot.safe_wal_size if slot else None,
                 "two_phase": slot.two_phase if slot else None,
                 "active_pid": slot.active_pid if slot else None,
+                "problem": self.slot_problem,
             },
+            "gaps": [g.to_json() for g in self.gaps],
             "held_wal": (
                 {
                     "bytes": held.held_bytes,
@@ -96,6 +103,7 @@ class Status:
                     "schema_version": t.schema_version,
                     "applied_lsn": _lsn(t.applied_lsn),
                     "behind": t.behind,
+                    "awaiting_copy": _lsn(t.awaiting_copy),
                     "delta_path": t.delta_path,
                     "held": (
                         {
@@ -133,6 +141,8 @@ class Status:
                 f" lag {slot.lag_bytes or 0:,} bytes, WAL status {slot.wal_status}"
                 + (f", safe WAL size {slot.safe_wal_size:,} bytes" if slot.safe_wal_size is not None else "")
             )
+        if self.slot_problem is not None:
+            out.append(f"ERROR: the drain refuses the slot: {self.slot_problem}")
         if self.held_wal is not None:
             out += _held_lines(self.held_wal)
         if self.standby_error is not None:
@@ -143,6 +153,7 @@ class Status:
             out.append("change log: not set up")
         else:
             out.append(f"change log: checkpoint {_lsn(self.checkpoint_lsn)} (snapshot at {_lsn(self.snapshot_lsn)})")
+        out += [f"change log: gap: {gap.describe()}" for gap in self.gaps]
         for table in self.tables:
             out.append(
                 f"  {table.name}: last change {_lsn(table.last_change_lsn)}, schema version {table.schema_version},"
@@ -154,6 +165,8 @@ class Status:
                     else ""
                 )
             )
+            if table.awaiting_copy is not None:
+                out.append(f"    {awaiting_copy_reason(table.awaiting_copy)}")
             if table.held:
                 out.append(
                     f"    holds back the change log: {table.held.segments} segments, {table.held.bytes:,} bytes past"
@@ -175,6 +188,10 @@ def read_status(config: Config) -> Status:
         with connect(config.source, purpose="status") as conn:
             status.slot = read_slot(conn, config.source.slot)
             status.held_wal = read_held_wal(conn, config.source.slot)
+            if checkpoint is not None:
+                status.gaps = checkpoint.gaps
+                lost = lost_slot_error(config.source, conn, checkpoint)
+                status.slot_problem = None if lost is None else str(lost)
     except SourceError as error:
         status.source_error = str(error)
     if config.source.standby_dsn is not None:
@@ -196,6 +213,7 @@ def read_status(config: Config) -> Status:
                 path,
                 state.snapshot_run if state else None,
                 table_hold(config, reader, checkpoint, name, applied) if checkpoint else None,
+                state.awaiting_copy if state else None,
             )
         )
     return status

@@ -84,8 +84,8 @@ def require_same_history(recorded: ServerIdentity, lineage: ServerLineage, check
     current = lineage.identity
     remedy = (
         f"Nothing was read or advanced. If source.dsn points at the wrong server, fix it; if the source"
-        f" really is this server now, the slot's position means nothing to the change log: move the change log"
-        f" and the warehouse aside and run `cdc-assets setup` again (slot {slot})"
+        f" really is this server now, the slot's position means nothing to the change log (slot {slot}): run"
+        " `cdc-assets recover`, which creates a new slot and copies every table again online"
     )
     if current.system_identifier != recorded.system_identifier:
         raise ServerMismatchError(

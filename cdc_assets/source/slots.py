@@ -29,6 +29,10 @@ from cdc_assets.source.connection import connect, server_major
 FAILOVER_MAJOR = 17
 log = logging.getLogger(__name__)
 
+RECOVER = (
+    "run `cdc-assets recover`: it creates a new slot and copies every table again online while the source"
+    " takes writes, so each Delta table converges to the source"
+)
 _SETUP_AGAIN = (
     "drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run `cdc-assets setup` again, "
     "which re-snapshots the tables"
@@ -122,8 +126,8 @@ def require_usable_slot(state: SlotState | None, config: SourceConfig, checkpoin
         raise SlotGapError(  # behind the checkpoint is fine: the stream starts there and confirms it at once
             f"replication slot {state.name} has confirmed LSN {format_lsn(state.confirmed_flush_lsn or 0)}, past the"
             f" change log's checkpoint {format_lsn(checkpoint_lsn)}: transactions between the two were consumed by"
-            " something else and are not in the log. Nothing was advanced. Remedy: drop the slot and run"
-            " `cdc-assets setup` again, which takes a new initial snapshot"
+            " something else and are not in the log (a slot dropped and created again, or advanced by hand)."
+            " Nothing was advanced. Remedy: " + RECOVER
         )
     return state
 
@@ -166,8 +170,9 @@ def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
 
 def slot_missing(slot: str, lsn: int | None = None) -> SlotMissingError:
     return SlotMissingError(
-        f"replication slot {slot} does not exist{_at(lsn)}: run `cdc-assets setup` to create it "
-        "(with a new initial snapshot), or fix source.slot"
+        f"replication slot {slot} does not exist{_at(lsn)}: the changes after the change log's checkpoint went"
+        " with it (dropped, lost in a failover or a restore). If source.slot names the wrong slot, fix it; else "
+        + RECOVER
     )
 
 
@@ -179,7 +184,7 @@ def slot_invalidated(state: SlotState, lsn: int | None = None) -> SlotInvalidate
         f"the server removed WAL the slot still needed (it fell more than max_slot_wal_keep_size behind, or "
         f"another limit hit it), so the changes after its restart position (confirmed up to {confirmed}) are "
         "gone and can never be decoded. Remedy: "
-        + _SETUP_AGAIN.format(slot=state.name)
+        + RECOVER
         + "; to prevent it, drain more often or raise max_slot_wal_keep_size"
     )
 

@@ -266,3 +266,35 @@ def test_recover_leaves_a_usable_slot_and_refuses_a_slot_of_another_kind(pg: Dat
         recover(pipe.config())
     assert pg.execute("SELECT slot_type FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == [("physical",)]
     assert pipe.checkpoint_bytes() == before
+
+
+def test_recover_killed_then_rerun(pg: Database, tmp_path: Path) -> None:
+    """Killed after creating its slot (before the checkpoint), then after announcing one table's
+    copy: run again, recover replaces the slot once more and copies what is still held; the log,
+    replayed from each table's copy, equals the source."""
+    pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE u (id int PRIMARY KEY, v text)")
+    pipe = Pipeline(pg, tmp_path, ["public.t", "public.u"])
+    pipe.setup()
+    pg.execute("INSERT INTO t SELECT g, 'drained' FROM generate_series(1, 50) g")
+    pipe.drain()
+    lost_after = pipe.checkpoint().lsn  # type: ignore[union-attr]
+    pg.execute("INSERT INTO t VALUES (100, 'lost'); DELETE FROM t WHERE id <= 5; INSERT INTO u VALUES (1, 'lost')")
+    pg.execute("SELECT pg_drop_replication_slot('cdc_slot')")
+    before = pipe.checkpoint_bytes()
+    killed = pipe.cli("recover", env={**pipe.environ, FAULT: "recover-slot"})
+    assert killed.returncode == -signal.SIGKILL, killed
+    assert pipe.checkpoint_bytes() == before and pipe.confirmed_flush() is not None  # a slot, not recorded
+    pg.execute("UPDATE t SET v = 'between the kills' WHERE id = 10")
+    killed = pipe.cli("recover", env={**pipe.environ, FAULT: "copy-announced:1"})
+    assert killed.returncode == -signal.SIGKILL, killed
+    assert "a new slot starts at LSN" in killed.stdout, killed
+    pg.execute("INSERT INTO u VALUES (2, 'after the gap')")
+    done = pipe.cli("recover")
+    assert done.returncode == 0, done
+    assert done.stdout.count("recover: copied ") == 2, done.stdout  # the announced copy is not drained yet
+    assert "a new slot starts" not in done.stdout
+    pipe.drain()
+    checkpoint = pipe.checkpoint()
+    assert checkpoint is not None and [g.lost_after for g in checkpoint.gaps] == [lost_after]
+    assert checkpoint.tables_awaiting_copy() == []
+    pipe.assert_mirrors()

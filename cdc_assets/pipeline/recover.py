@@ -29,6 +29,7 @@ from cdc_assets.changelog.checkpoint import Checkpoint, Gap, require_checkpoint,
 from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError
+from cdc_assets.faults import fault_point
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, copy_table, tables_without_copy
 from cdc_assets.pipeline.slot_check import lost_slot_error
 from cdc_assets.source import (
@@ -116,6 +117,7 @@ def _new_slot(
     _write_past(conn, checkpoint.lsn)
     with create_slot_with_snapshot(source) as created:
         point = created.consistent_point
+    fault_point("recover-slot")
     gap = Gap(checkpoint.lsn, point, time.time_ns() // 1000, reason)
     tables = {name: replace(state, awaiting_copy=point) for name, state in checkpoint.tables.items()}
     write_checkpoint(

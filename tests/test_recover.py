@@ -261,11 +261,14 @@ def test_recover_leaves_a_usable_slot_and_refuses_a_slot_of_another_kind(pg: Dat
     ]
     assert pipe.checkpoint_bytes() == before
     pg.execute("SELECT pg_drop_replication_slot('cdc_slot')")
-    pg.execute("SELECT pg_create_physical_replication_slot('cdc_slot')")
-    with pytest.raises(SlotMismatchError, match="replication slot cdc_slot is a physical slot"):
-        recover(pipe.config())
-    assert pg.execute("SELECT slot_type FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == [("physical",)]
-    assert pipe.checkpoint_bytes() == before
+    pg.execute("SELECT pg_create_physical_replication_slot('cdc_slot')")  # the cluster's, not the database's
+    try:
+        with pytest.raises(SlotMismatchError, match="replication slot cdc_slot is a physical slot"):
+            recover(pipe.config())
+        assert pg.execute("SELECT slot_type FROM pg_replication_slots WHERE slot_name = 'cdc_slot'") == [("physical",)]
+        assert pipe.checkpoint_bytes() == before
+    finally:
+        pg.execute("SELECT pg_drop_replication_slot('cdc_slot')")
 
 
 def test_recover_killed_then_rerun(pg: Database, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from cdc_assets.errors import (
     StandbyWaitError,
 )
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pipeline.recover import recover
 from cdc_assets.pipeline.status import read_status
 from cdc_assets.source.server_identity import (
     ServerIdentity,
@@ -243,6 +244,12 @@ def test_a_promotion_that_forked_before_the_checkpoint_is_refused(pair: Pair, tm
         rf"the server was promoted: timeline 2 left timeline 1 at [0-9A-F/]+, but the change log already holds"
         rf" timeline 1 up to {format_lsn(held)}",
     )
+    write(standby, "INSERT INTO t VALUES (100, 'on the new timeline')")
+    gap = recover(pipe.config()).gap  # the new timeline is behind the log: written past it first
+    assert gap is not None and gap.lost_after == held and gap.slot_point > held
+    pipe.drain()
+    pipe.db = standby
+    assert {"id": 100, "v": "on the new timeline"} in pipe.assert_mirrors().rows("public.t")
 
 
 def test_another_cluster_is_refused(pg: Database, tmp_path: Path) -> None:

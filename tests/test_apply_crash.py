@@ -41,7 +41,7 @@ checkpoint as its applied LSN, and so must every table rebuilt from the compacte
   every table is rebuilt from the change log (its compacted base and what followed) and compared
   again.
 
-Attempts go on until ``CDC_CRASH_KILLS`` kills (default 5; the large variant: 20) have hit a phase, every phase at
+Attempts go on until ``CDC_CRASH_KILLS`` kills (default 4, one per phase; the large variant: 20) have hit a phase, every phase at
 least once — an attempt that completes or lands before the drain does not count — bounded by
 ``CDC_CRASH_DEADLINE`` seconds (default 1800), past which the test fails and says how far it got.
 Other knobs: ``CDC_CRASH_SEED`` (default 4242), ``CDC_CRASH_RATE`` (workload operations per
@@ -82,7 +82,7 @@ from tests.support.workload import Workload, tables_section
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
-KILLS = int(os.environ.get("CDC_CRASH_KILLS", "5"))
+KILLS = int(os.environ.get("CDC_CRASH_KILLS", "4"))
 SEED = int(os.environ.get("CDC_CRASH_SEED", "4242"))
 RATE = float(os.environ.get("CDC_CRASH_RATE", "25"))
 DEADLINE_S = float(os.environ.get("CDC_CRASH_DEADLINE", "1800"))  # the kill loop; ~3 minutes on a quiet machine

@@ -96,15 +96,13 @@ def test_two_spark_applications_read_every_mirror_by_name(pg: Database, metastor
     with pg.connect() as conn:
         workload.run_round(conn, 0)
     mirror.drain()
-    applied = mirror.cli("apply")  # a classic application: creates the tables and registers them
-    assert applied.returncode == 0, applied.stderr[-4000:]
-
     server: RunningServer = start_server(
         tmp_path / "connect", "-c", str(mirror.config_path), environ={DSN_VARIABLE: pg.dsn}
     )
     session = connect_session(server)
     try:
-        for table in SHOP:  # a second application finds them in the shared metastore
+        apply_tables(mirror.config(), session)  # over Connect: creates the tables and registers them
+        for table in SHOP:
             name = catalog_name(CATALOG, TableName.parse(table))
             assert_equals_source(pg, table, session.table(name).toArrow(), "Spark Connect")
 
@@ -121,7 +119,7 @@ def test_two_spark_applications_read_every_mirror_by_name(pg: Database, metastor
             name = catalog_name(CATALOG, TableName.parse(table))
             assert_equals_source(pg, table, session.table(name).toArrow(), "Spark Connect")
 
-        by_classic = read_by_classic_application(mirror, tmp_path / "classic")
+        by_classic = read_by_classic_application(mirror, tmp_path / "classic")  # finds them in the metastore
         columns = {t: assert_equals_source(pg, t, by_classic[t], "a classic application") for t in SHOP}
         assert "note" in columns["public.orders"], columns
 

@@ -37,7 +37,7 @@ from cdc_assets.stream.options import max_proto_version
 from cdc_assets.stream.upto import UptoCut
 from tests.support.database import Database
 from tests.support.oracle import replay
-from tests.support.pipeline import Pipeline, wait_until
+from tests.support.pipeline import Pipeline, invalidate_slot, wait_until
 from tests.support.rows import to_python
 
 XID = "SELECT pg_current_xact_id()::text::int8"
@@ -851,25 +851,7 @@ def test_refuses_a_slot_ahead_of_the_checkpoint(ready: Pipeline) -> None:
 
 
 def test_refuses_an_invalidated_slot(ready: Pipeline) -> None:
-    db = ready.db
-    with db.connect() as conn:
-        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-        conn.execute("SELECT pg_reload_conf()")
-        try:
-
-            def lost() -> bool:
-                conn.execute("SELECT pg_switch_wal()")
-                conn.execute("CHECKPOINT")
-                (status,) = conn.execute(
-                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = 'cdc_slot'"
-                ).fetchone()
-                return status == "lost"
-
-            conn.execute("INSERT INTO t VALUES (3, 'c')")
-            wait_until(lost, what="the slot invalidated")
-        finally:
-            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-            conn.execute("SELECT pg_reload_conf()")
+    invalidate_slot(ready.db, "cdc_slot", "INSERT INTO t VALUES (3, 'c')")
     refused(
         ready,
         SlotInvalidatedError,

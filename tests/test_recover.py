@@ -43,7 +43,7 @@ from tests.support.config_file import DSN_VARIABLE
 from tests.support.database import Database
 from tests.support.load import running_load, workload_config
 from tests.support.mirror_diff import compare_all, fast_spark, report
-from tests.support.pipeline import Pipeline, wait_until
+from tests.support.pipeline import Pipeline, invalidate_slot, wait_until
 from tests.support.standby_pair import Pair
 from tests.support.workload import Workload
 
@@ -78,23 +78,19 @@ def cli(config: Config, dsn: str, *args: str, fault: str | None = None) -> subpr
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
-def invalidate(db: Database, slot: str) -> None:
-    """Make the server invalidate ``slot`` (``max_slot_wal_keep_size`` exceeded), then lift the limit."""
-    with db.connect() as conn:
-        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-        conn.execute("SELECT pg_reload_conf()")
-        try:
-
-            def lost() -> bool:
-                conn.execute("SELECT pg_switch_wal()")
-                conn.execute("CHECKPOINT")
-                row = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-                return row.fetchone() == ("lost",)
-
-            wait_until(lost, what=f"slot {slot} invalidated")
-        finally:
-            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-            conn.execute("SELECT pg_reload_conf()")
+def mirrored_under_load(
+    db: Database, dsn: str, folder: Path, schema: str, seed: int, session: Any, **source: Any
+) -> tuple[Workload, Config]:
+    """A workload in ``schema`` of ``db``, its tables set up (source ``dsn``) and merged once while it writes."""
+    workload = Workload(db.dsn, schema, seed=seed)
+    workload.create()
+    workload.populate(30)
+    config = workload_config(dsn, folder, schema, workload, TABLES, **source)
+    setup(config)
+    with running_load(workload) as ops:
+        more_writes(ops, 100)
+        merged(config, session)
+    return workload, config
 
 
 # -- a lost slot, recovered under load -----------------------------------------------------------
@@ -105,18 +101,12 @@ def test_recover_after_the_slot_was_invalidated_under_load(
     pg: Database, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     schema = "invalidated"
-    workload = Workload(pg.dsn, schema, seed=3011)
-    workload.create()
-    workload.populate(30)
-    config = workload_config(pg.dsn, tmp_path, schema, workload, TABLES)
     session = spark.newSession()
     with fast_spark(session):
-        setup(config)
-        workload.run(150, allow_pending=False)
-        merged(config, session)
+        workload, config = mirrored_under_load(pg, pg.dsn, tmp_path, schema, 3011, session)
         lost_after = checkpoint_of(config).lsn
         with running_load(workload) as ops:
-            invalidate(pg, schema)
+            invalidate_slot(pg, schema)
             with pytest.raises(SlotInvalidatedError, match=rf"was invalidated by the server .*{RECOVER_HINT}"):
                 drain(config)
             assert checkpoint_of(config).lsn == lost_after  # nothing advanced
@@ -167,16 +157,9 @@ def test_recover_after_the_slot_was_invalidated_under_load(
 @pytest.mark.slow
 def test_recover_after_a_promotion_without_a_failover_slot(pair: Pair, spark: Any, tmp_path: Path) -> None:
     schema = "promoted"
-    workload = Workload(pair.on_primary.dsn, schema, seed=3023)
-    workload.create()
-    workload.populate(30)
-    config = workload_config(pair.dsn(), tmp_path, schema, workload, TABLES)
     session = spark.newSession()
     with fast_spark(session):
-        setup(config)
-        with running_load(workload) as ops:
-            more_writes(ops, 100)
-            merged(config, session)
+        workload, config = mirrored_under_load(pair.on_primary, pair.dsn(), tmp_path, schema, 3023, session)
         workload.run(100, allow_pending=False)  # reaches the standby, not the change log
         pair.replayed()
         pair.fail_over()
@@ -204,17 +187,10 @@ def test_a_failover_slot_carries_the_mirrors_through_a_promotion_with_killed_dra
 ) -> None:
     pair = syncing_pair
     schema = "failover"
-    workload = Workload(pair.on_primary.dsn, schema, seed=3037)
-    workload.create()
-    workload.populate(30)
     source = {"failover": True, "streaming": "on", "two_phase": True}
-    config = workload_config(pair.dsn(), tmp_path, schema, workload, TABLES, **source)
     session = spark.newSession()
     with fast_spark(session):
-        setup(config)
-        with running_load(workload) as ops:
-            more_writes(ops, 100)
-            merged(config, session)
+        workload, config = mirrored_under_load(pair.on_primary, pair.dsn(), tmp_path, schema, 3037, session, **source)
         pair.wait_slot_synced(schema, checkpoint_of(config).lsn, lambda: drain(config, wait=True))
         workload.run(150, allow_pending=False, large_at=50)  # a streamed transaction among them
         killed = cli(config, pair.dsn(), "drain", fault="after-checkpoint")  # logged, the slot not told

@@ -73,6 +73,7 @@ from cdc_assets.stream.reader import SlotStream
 from tests.support.copied import sent_rows, typed_rows
 from tests.support.database import Database
 from tests.support.peek import peek
+from tests.support.pipeline import invalidate_slot
 
 # Session settings under which text output differs from the pinned settings in every respect.
 NEW_YORK = (
@@ -410,22 +411,8 @@ def test_invalidated_slot(pg: Database) -> None:
     pg.execute("CREATE TABLE t (id int PRIMARY KEY); CREATE PUBLICATION cdc_pub FOR TABLE t")
     source = source_of(pg)
     create_sql_slot(pg, source.slot)
+    invalidate_slot(pg, source.slot, "INSERT INTO t VALUES (1)")
     with pg.connect() as conn:
-        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
-        conn.execute("SELECT pg_reload_conf()")
-        try:
-
-            def lost() -> bool:
-                conn.execute("SELECT pg_switch_wal()")
-                conn.execute("CHECKPOINT")
-                state = read_slot(conn, source.slot)
-                return state is not None and state.wal_status == "lost"
-
-            conn.execute("INSERT INTO t VALUES (1)")
-            wait_until(lost)
-        finally:
-            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
-            conn.execute("SELECT pg_reload_conf()")
         state = read_slot(conn, source.slot)
         message = (
             rf"replication slot {source.slot} was invalidated by the server.*wal_status 'lost'.*gone"

@@ -150,3 +150,26 @@ class Pipeline:
     def batch_starts(self) -> list[int]:
         """Batch start LSNs of the transaction files, in log order."""
         return sorted(int(p.name.split("-")[0], 16) for p in (Path(self.changelog) / "transactions").glob("*.parquet"))
+
+
+def invalidate_slot(db: Database, slot: str, *first: str) -> None:
+    """Make the server invalidate ``slot`` (``max_slot_wal_keep_size`` exceeded: WAL switched and
+    checkpointed until ``wal_status`` is ``lost``), after running the statements ``first``; the
+    limit is lifted again."""
+    with db.connect() as conn:
+        conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            for statement in first:
+                conn.execute(statement)
+
+            def lost() -> bool:
+                conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+                row = conn.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+                return row.fetchone() == ("lost",)
+
+            wait_until(lost, what=f"slot {slot} invalidated")
+        finally:
+            conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+            conn.execute("SELECT pg_reload_conf()")

@@ -407,7 +407,7 @@ def test_stream_errors(pg: Database, make_role: Callable[..., str]) -> None:
         with pytest.raises(PublicationMissingError, match=missing), SlotStream(conn, source, options, 0):
             pass
         conn.execute("CREATE PUBLICATION cdc_pub FOR TABLE t")
-        missing = rf"replication slot {source.slot} does not exist \(at LSN 0/0\): run `cdc-assets setup`"
+        missing = rf"replication slot {source.slot} does not exist \(at LSN 0/0\): .* run `cdc-assets recover`"
         with pytest.raises(SlotMissingError, match=missing), SlotStream(conn, source, options, 0):
             pass
         create_slot(conn, source.slot)

@@ -284,6 +284,7 @@ def test_code_location_loads_with_dg_and_lists_its_definitions(tmp_path: Path, m
 # -- 2. schedule-driven drains, sensor-driven merges -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: DagsterEnv) -> None:
     # Right after setup every table has a snapshot to load: every sensor asks for a merge.
     drained = drain_metadata(env.run_schedule(tick_time(0)))

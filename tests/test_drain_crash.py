@@ -290,6 +290,7 @@ def _finish(pg, config: Path, slot: str, workload: LedgerWorkload, root: Path) -
     assert_no_litter(verified)
 
 
+@pytest.mark.slow
 def test_kill_after_segments_orphans_are_removed_not_read(pg, tmp_path: Path) -> None:
     config, slot, workload, monitor = _killed_at(pg, tmp_path, "after-segments", 3)
     root = tmp_path / "changelog"
@@ -313,6 +314,7 @@ def test_kill_after_segments_orphans_are_removed_not_read(pg, tmp_path: Path) ->
     assert not [d for d in decoys if (root / d).exists()], "orphan segments survived the next drain"
 
 
+@pytest.mark.slow
 def test_kill_after_checkpoint_next_drain_advances_the_slot_first(pg, tmp_path: Path) -> None:
     config, slot, workload, monitor = _killed_at(pg, tmp_path, "after-checkpoint", 2)
     root = tmp_path / "changelog"
@@ -335,6 +337,7 @@ def test_kill_after_checkpoint_next_drain_advances_the_slot_first(pg, tmp_path: 
     _finish(pg, config, slot, workload, root)
 
 
+@pytest.mark.slow
 def test_kill_after_advance_next_drain_continues(pg, tmp_path: Path) -> None:
     config, slot, workload, monitor = _killed_at(pg, tmp_path, "after-advance", 4)
     root = tmp_path / "changelog"
@@ -347,6 +350,7 @@ def test_kill_after_advance_next_drain_continues(pg, tmp_path: Path) -> None:
     _finish(pg, config, slot, workload, root)
 
 
+@pytest.mark.slow
 def test_kill_mid_batch_leaves_the_last_checkpoint(pg, tmp_path: Path) -> None:
     # Killed while assembling the 25th block the stream handed over: a block is what arrived at
     # once, cut where a batch of 50 messages ends, so the 300 transactions make many more.
@@ -364,6 +368,7 @@ def test_kill_mid_batch_leaves_the_last_checkpoint(pg, tmp_path: Path) -> None:
     _finish(pg, config, slot, workload, root)
 
 
+@pytest.mark.slow
 def test_kill_while_replacing_the_checkpoint_leaves_no_stale_file(pg, tmp_path: Path) -> None:
     """A kill between writing ``_checkpoint.json.tmp-<pid>`` and renaming it over the checkpoint
     (random kills land there now and then) must not leave that file behind for good."""
@@ -449,6 +454,7 @@ def test_kills_while_following_lose_and_duplicate_nothing(pg, tmp_path: Path) ->
     assert_no_litter(verified)
 
 
+@pytest.mark.slow
 def test_a_stalled_drain_hit_by_wal_sender_timeout_reconnects_and_loses_nothing(pg, tmp_path: Path) -> None:
     """A following drain stopped (SIGSTOP, with its receiving process) for longer than
     ``wal_sender_timeout`` while a writer commits: the server ends its walsender; resumed, the drain

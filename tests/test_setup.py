@@ -122,6 +122,7 @@ def test_snapshot_under_concurrent_writes(pg: Database, tmp_path: Path) -> None:
     assert len(replica["public.acct"]) == pg.execute("SELECT count(*) FROM acct")[0][0]
 
 
+@pytest.mark.slow
 def test_setup_cli_status_and_rerun(pg: Database, tmp_path: Path) -> None:
     pg.execute(
         "CREATE TABLE t (id int PRIMARY KEY, v text); CREATE TABLE empty (id int PRIMARY KEY, x numeric(5,1));"

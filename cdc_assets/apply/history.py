@@ -3,8 +3,9 @@
 One row per change (snapshot rows are not changes): the operation, LSNs, position, xid, commit
 time, the ``before`` image (the old key or old row when PostgreSQL sent one) and the ``after``
 image, and the columns sent as unchanged TOAST. A lost slot's gap is one ``gap`` row on the day of
-its recovery: the changes in its LSN range are not in the history. A day is written with ``replaceWhere`` on its
-partition, so writing a day again — a backfill, a retry — gives the same partition.
+its recovery: the changes in its LSN range are not in the history. A day is written with
+``replaceWhere`` on its partition, so writing a day again — a backfill, a retry — gives the same
+partition.
 """
 
 from __future__ import annotations
@@ -26,13 +27,9 @@ from cdc_assets.pgoutput.records import COMMIT_TIME_TYPE, ChangeChunk, Op, Recor
 from cdc_assets.pgoutput.schema import RelationSchema
 
 DAY = "commit_day"
-_CHANGE_COLUMNS = [RecordColumn.OP, RecordColumn.COMMIT_LSN, RecordColumn.END_LSN, RecordColumn.POSITION, RecordColumn.XID, RecordColumn.COMMIT_TIME,
-                   RecordColumn.OLD_KIND, RecordColumn.UNCHANGED]  # fmt: skip
-
-
 GAP_OP = "gap"
 """The operation of a history row that marks a lost slot's gap (``cdc-assets recover``)."""
-_GAP_SCHEMA = pa.schema(
+_CHANGE_SCHEMA = pa.schema(
     [
         pa.field(RecordColumn.OP, pa.string(), nullable=False),
         pa.field(RecordColumn.COMMIT_LSN, pa.int64(), nullable=False),
@@ -44,6 +41,7 @@ _GAP_SCHEMA = pa.schema(
         pa.field(RecordColumn.UNCHANGED, pa.list_(pa.string())),
     ]
 )
+"""The columns of a history row before its images (a change record's, and a gap row's)."""
 
 
 class HistoryGoneError(CdcError):
@@ -80,7 +78,7 @@ def history_rows(reader: ChangeLogReader, table: str, state: TableState, day: da
         return _with_day(gaps, day) if gaps.num_rows else pa.table({})
     before = _image(chunks, relation, "old")
     after = _image(chunks, relation, "new")
-    changes = pa.concat_tables([c.records.select(_CHANGE_COLUMNS) for c in chunks]).cast(_GAP_SCHEMA)
+    changes = pa.concat_tables([c.records.select(_CHANGE_SCHEMA.names) for c in chunks]).cast(_CHANGE_SCHEMA)
     changes = changes.append_column("before", before).append_column("after", after)
     if gaps.num_rows:
         changes = pa.concat_tables([changes, gaps], promote_options="default").sort_by(
@@ -108,7 +106,7 @@ def _gap_rows(gaps: list[Gap]) -> pa.Table:
             }
             for g in gaps
         ],
-        schema=_GAP_SCHEMA,
+        schema=_CHANGE_SCHEMA,
     )
 
 

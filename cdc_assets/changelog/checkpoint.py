@@ -56,6 +56,7 @@ class Gap:
         return low < self.slot_point and self.lost_after < high
 
     def describe(self) -> str:
+        """One line: what was lost, and where the new slot starts."""
         return (
             f"{self.reason}; a new slot starts at LSN {format_lsn(self.slot_point)}: the transactions that ended in"
             f" ({format_lsn(self.lost_after)}, {format_lsn(self.slot_point)}] reach the tables through their copies"

@@ -1,8 +1,8 @@
 """``cdc-assets recover``: a new slot after the old one was lost, and every table copied again online.
 
-1. Find out (again under the drain lock, if so) why the slot cannot be drained — missing, invalidated, moved
-   past the change log's checkpoint ``K``, or on a server whose history the log does not continue
-   (the drain's own checks, whose errors name this command). A slot that is of the wrong kind
+1. Find out (again under the drain lock, if so) why the slot cannot be drained — missing,
+   invalidated, moved past the change log's checkpoint ``K``, or on a server whose history the log
+   does not continue (the drain's own checks, whose errors name this command). A slot that is of the wrong kind
    (plugin, database, two-phase) is someone else's: refused, never dropped.
 2. Drop the unusable slot and create a new one; its consistent point ``C`` is past ``K`` (a promoted
    standby whose WAL ends before ``K`` is first made to write past it).
@@ -37,6 +37,7 @@ from cdc_assets.source import (
     connect,
     create_slot_with_snapshot,
     drop_slot,
+    read_slot,
     require_replication_role,
 )
 from cdc_assets.source.connection import one_row
@@ -79,10 +80,10 @@ def recover(
     with connect(config.source, purpose="recover") as conn:
         require_replication_role(conn)
         checkpoint = _checkpoint(config, store)
-        if lost_slot_error(config.source, conn, checkpoint) is not None:
+        if lost_slot_error(config.source, read_slot(conn, config.source.slot), checkpoint) is not None:
             with DrainLock(config.source, wait=True):  # a drain of a lost slot fails at once
                 checkpoint = _checkpoint(config, store)
-                lost = lost_slot_error(config.source, conn, checkpoint)
+                lost = lost_slot_error(config.source, read_slot(conn, config.source.slot), checkpoint)
                 if lost is not None:
                     result.gap = _new_slot(config, conn, store, checkpoint, str(lost).partition(": ")[0])
                     if on_gap is not None:

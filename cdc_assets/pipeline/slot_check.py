@@ -3,26 +3,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import psycopg
-
 from cdc_assets.changelog.checkpoint import Checkpoint
 from cdc_assets.config import SourceConfig
 from cdc_assets.errors import CdcError, ServerMismatchError, SlotGapError, SlotInvalidatedError, SlotMissingError
-from cdc_assets.source import read_slot, require_usable_slot
+from cdc_assets.source import SlotState, require_usable_slot
 from cdc_assets.source.server_identity import read_lineage, require_same_history
 
 LOST = (SlotMissingError, SlotInvalidatedError, SlotGapError, ServerMismatchError)
 
 
-def lost_slot_error(source: SourceConfig, conn: psycopg.Connection[Any], checkpoint: Checkpoint) -> CdcError | None:
-    """The drain's refusal of the slot from ``checkpoint`` when the slot or its server is lost to the
-    log (None: it is not). Other errors — a slot of the wrong kind, an unreachable server — are raised."""
+def lost_slot_error(source: SourceConfig, slot: SlotState | None, checkpoint: Checkpoint) -> CdcError | None:
+    """The drain's refusal of ``slot`` (as read from the source; None: missing) from ``checkpoint``
+    when the slot or its server is lost to the log (None: it is not). Other errors — a slot of the
+    wrong kind, an unreachable server — are raised."""
     try:
         if checkpoint.server is not None:
             require_same_history(checkpoint.server, read_lineage(source), checkpoint.lsn, source.slot)
-        require_usable_slot(read_slot(conn, source.slot), source, checkpoint.lsn)
+        require_usable_slot(slot, source, checkpoint.lsn)
     except LOST as error:
         return error
     return None

@@ -134,7 +134,10 @@ class Status:
         if self.source_error:
             out.append(f"source: unreachable ({self.source_error})")
         elif slot is None:
-            out.append(f"slot {self.slot_name}: does not exist (run `cdc-assets setup`)")
+            out.append(
+                f"slot {self.slot_name}: does not exist"
+                + (" (run `cdc-assets setup`)" if self.checkpoint_lsn is None else "")
+            )
         else:
             out.append(
                 f"slot {slot.name}: confirmed {_lsn(slot.confirmed_flush_lsn)}, server at {_lsn(slot.current_wal_lsn)},"
@@ -183,14 +186,14 @@ def read_status(config: Config) -> Status:
         slot=None,
         checkpoint_lsn=checkpoint.lsn if checkpoint else None,
         snapshot_lsn=checkpoint.snapshot_lsn if checkpoint else None,
+        gaps=checkpoint.gaps if checkpoint else (),
     )
     try:
         with connect(config.source, purpose="status") as conn:
             status.slot = read_slot(conn, config.source.slot)
             status.held_wal = read_held_wal(conn, config.source.slot)
             if checkpoint is not None:
-                status.gaps = checkpoint.gaps
-                lost = lost_slot_error(config.source, conn, checkpoint)
+                lost = lost_slot_error(config.source, status.slot, checkpoint)
                 status.slot_problem = None if lost is None else str(lost)
     except SourceError as error:
         status.source_error = str(error)

@@ -206,7 +206,7 @@ def find_point(config: Config, reader: ChangeLogReader, after: ConsistentPoint |
     for lsn in sorted((p for p in positions if floor < p <= checkpoint.lsn), reverse=True)[:CANDIDATES]:
         versions: dict[str, int] = {}
         for name, history in histories.items():
-            found = version_holding(reader, name, checkpoint.tables.get(name), history, lsn)
+            found = version_holding(reader, checkpoint, name, history, lsn)
             if not isinstance(found, AppliedVersion):
                 why = found or f"{name} has no Delta table yet"
                 break

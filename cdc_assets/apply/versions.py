@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 
 from cdc_assets.apply.target import APPLIED_KEY, applied_lsn, open_table
-from cdc_assets.changelog.checkpoint import TableState
+from cdc_assets.changelog.checkpoint import Checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.lsn import format_lsn
 
@@ -62,15 +62,15 @@ def _recorded_lsn(metadata: object) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def quiet_between(reader: ChangeLogReader, table: str, state: TableState | None, low: int, high: int) -> bool:
+def quiet_between(reader: ChangeLogReader, checkpoint: Checkpoint, table: str, low: int, high: int) -> bool:
     """Whether the log has no change of ``table`` with end LSN in ``(low, high]`` and announced no
-    copy of it there (``state``: the table's entry in the checkpoint; None: it has none). Where
+    copy of it there (``checkpoint``: the log's, read after the versions looked at). Where
     retention folded the changes away, or a lost slot's gap lies in between, nobody can tell: not
     quiet."""
+    state = checkpoint.tables.get(table)
     if state is None or low >= high:
         return True
-    checkpoint = reader.checkpoint()
-    if checkpoint is not None and checkpoint.gap_between(low, high) is not None:
+    if checkpoint.gap_between(low, high) is not None:
         return False
     if (state.folded is not None and low < state.folded.lsn) or reader.due_snapshot_run(state, low, high):
         return False
@@ -79,8 +79,8 @@ def quiet_between(reader: ChangeLogReader, table: str, state: TableState | None,
 
 def version_holding(
     reader: ChangeLogReader,
+    checkpoint: Checkpoint,
     table: str,
-    state: TableState | None,
     versions: list[AppliedVersion],
     lsn: int,
 ) -> AppliedVersion | str | None:
@@ -89,7 +89,7 @@ def version_holding(
     none. The caller has checked that the log's checkpoint has reached ``lsn``."""
     at = format_lsn(lsn)
     if not versions or versions[0].applied_lsn is None:  # no data commit yet
-        if quiet_between(reader, table, state, -1, lsn):
+        if quiet_between(reader, checkpoint, table, -1, lsn):
             return None
         return f"{table} has no Delta table with its changes up to {at}"
     for candidate in versions:
@@ -97,9 +97,9 @@ def version_holding(
         if applied is None:
             break
         if applied <= lsn:
-            if quiet_between(reader, table, state, applied, lsn):
+            if quiet_between(reader, checkpoint, table, applied, lsn):
                 return candidate
             return f"{table}'s merge has not brought its changes up to {at} (applied {format_lsn(applied)})"
-        if quiet_between(reader, table, state, lsn, applied):
+        if quiet_between(reader, checkpoint, table, lsn, applied):
             return candidate
     return f"none of {table}'s latest {len(versions)} Delta versions holds its state at {at}"

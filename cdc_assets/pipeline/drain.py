@@ -19,17 +19,14 @@ from typing import Any
 import psycopg
 
 from cdc_assets.apply.target import table_applied_lsn
-from cdc_assets.changelog.checkpoint import (
-    require_checkpoint,
-)
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.retention import RetentionResult, retain
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch, StreamWriter, Written
 from cdc_assets.config import Config
-from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pipeline.server_check import recognise_server
+from cdc_assets.pipeline.slot_check import slot_checkpoint
 from cdc_assets.source import (
     DrainLock,
     SlotState,
@@ -96,11 +93,7 @@ def drain(
         connect(source, purpose="drain") as conn,
         connect(source, purpose="catalog") as catalog_conn,
     ):
-        checkpoint = require_checkpoint(store)
-        if checkpoint.slot != source.slot:
-            raise CdcError(
-                f"the change log at {config.changelog.path} belongs to slot {checkpoint.slot}, not {source.slot}"
-            )
+        checkpoint = slot_checkpoint(config, store)
         require_replication_role(conn)  # before the replication connection that identifies the server
         checkpoint = recognise_server(source, store, checkpoint)
         major = server_major(conn)

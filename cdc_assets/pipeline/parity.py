@@ -142,7 +142,7 @@ def _version_at(
         return f"the change log's checkpoint ({behind}) has not reached the snapshot point {format_lsn(snapshot_lsn)}"
     path, app = config.target_path(table), app_id(config.source.slot, name)
     versions = applied_versions(path, app, config.delta_storage_options)
-    found = version_holding(reader, name, checkpoint.tables.get(name), versions, snapshot_lsn)
+    found = version_holding(reader, checkpoint, name, versions, snapshot_lsn)
     if found is None or isinstance(found, str):
         return (None, None) if found is None else found
     return found.version, found.applied_lsn

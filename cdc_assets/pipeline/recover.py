@@ -2,8 +2,8 @@
 
 1. Find out (again under the drain lock, if so) why the slot cannot be drained — missing,
    invalidated, moved past the change log's checkpoint ``K``, or on a server whose history the log
-   does not continue (the drain's own checks, whose errors name this command). A slot that is of the wrong kind
-   (plugin, database, two-phase) is someone else's: refused, never dropped.
+   does not continue (the drain's own checks, whose errors name this command). A slot of the
+   wrong kind (plugin, database, two-phase) is someone else's: refused, never dropped.
 2. Drop the unusable slot and create a new one; its consistent point ``C`` is past ``K`` (a promoted
    standby whose WAL ends before ``K`` is first made to write past it).
 3. Write the checkpoint at ``C``: the gap ``(K, C]`` recorded, every table held until a copy at or
@@ -28,10 +28,9 @@ import psycopg
 from cdc_assets.changelog.checkpoint import Checkpoint, Gap, require_checkpoint, write_checkpoint
 from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.config import Config
-from cdc_assets.errors import CdcError
 from cdc_assets.faults import fault_point
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, copy_table, tables_without_copy
-from cdc_assets.pipeline.slot_check import lost_slot_error
+from cdc_assets.pipeline.slot_check import lost_slot_error, slot_checkpoint
 from cdc_assets.source import (
     DrainLock,
     connect,
@@ -79,10 +78,10 @@ def recover(
     result = RecoverResult()
     with connect(config.source, purpose="recover") as conn:
         require_replication_role(conn)
-        checkpoint = _checkpoint(config, store)
+        checkpoint = slot_checkpoint(config, store)
         if lost_slot_error(config.source, read_slot(conn, config.source.slot), checkpoint) is not None:
             with DrainLock(config.source, wait=True):  # a drain of a lost slot fails at once
-                checkpoint = _checkpoint(config, store)
+                checkpoint = slot_checkpoint(config, store)
                 lost = lost_slot_error(config.source, read_slot(conn, config.source.slot), checkpoint)
                 if lost is not None:
                     result.gap = _new_slot(config, conn, store, checkpoint, str(lost).partition(": ")[0])
@@ -97,15 +96,6 @@ def recover(
             on_copied(result.copied[-1])
     result.elapsed_s = time.monotonic() - started
     return result
-
-
-def _checkpoint(config: Config, store: LogStore) -> Checkpoint:
-    checkpoint = require_checkpoint(store)
-    if checkpoint.slot != config.source.slot:
-        raise CdcError(
-            f"the change log at {config.changelog.path} belongs to slot {checkpoint.slot}, not {config.source.slot}"
-        )
-    return checkpoint
 
 
 def _new_slot(

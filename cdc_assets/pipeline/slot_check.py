@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from cdc_assets.changelog.checkpoint import Checkpoint
-from cdc_assets.config import SourceConfig
+from cdc_assets.changelog.checkpoint import Checkpoint, require_checkpoint
+from cdc_assets.changelog.store import LogStore
+from cdc_assets.config import Config, SourceConfig
 from cdc_assets.errors import CdcError, ServerMismatchError, SlotGapError, SlotInvalidatedError, SlotMissingError
 from cdc_assets.source import SlotState, require_usable_slot
 from cdc_assets.source.server_identity import read_lineage, require_same_history
@@ -23,3 +24,13 @@ def lost_slot_error(source: SourceConfig, slot: SlotState | None, checkpoint: Ch
     except LOST as error:
         return error
     return None
+
+
+def slot_checkpoint(config: Config, store: LogStore) -> Checkpoint:
+    """The change log's checkpoint, refused when the log belongs to another slot than the configured one."""
+    checkpoint = require_checkpoint(store)
+    if checkpoint.slot != config.source.slot:
+        raise CdcError(
+            f"the change log at {config.changelog.path} belongs to slot {checkpoint.slot}, not {config.source.slot}"
+        )
+    return checkpoint

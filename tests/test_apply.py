@@ -27,6 +27,8 @@ from cdc_assets.apply.merge import _key_bounds, write_plan
 from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
 from cdc_assets.apply.runner import delta_target
 from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
+from cdc_assets.apply.table_files import table_files
+from cdc_assets.apply.target import CODEGEN_FACTORY, MERGE_DELETION_VECTORS, SMALL_BATCH_ROWS
 from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
@@ -349,7 +351,7 @@ def test_exactly_once(mirror_of) -> None:  # type: ignore[no-untyped-def]
     version, rows = mirror.version("public.a"), mirror.delta("public.a")
     for lsn in (target.applied_lsn(), 1):
         double = f"INSERT INTO {target.sql_name} SELECT * FROM {{}}"  # would double every row
-        target.commit(double.format, target.read(), lsn)
+        target.commit(double.format, target.read(), lsn, batch_rows=0)
     assert mirror.version("public.a") == version
     assert not difference(mirror.delta("public.a"), rows)
 
@@ -412,6 +414,37 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
         mirror.apply()
     mirror.apply()
     mirror.check("public.ev")
+
+
+def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """Below ``warehouse.small_table_mb`` a MERGE rewrites the file it changes instead of writing a
+    deletion vector, a small batch runs without generated code, and the session's settings are as
+    before afterwards; with the setting at 0 the same kind of MERGE writes a deletion vector."""
+    mirror = mirror_of(
+        {"public.sm": {}},
+        "CREATE TABLE sm (id int PRIMARY KEY, v text)",
+        "INSERT INTO sm SELECT g, 'v' || g FROM generate_series(1, 100) g",
+    )
+    mirror.setup()
+    mirror.apply()
+    config = mirror.config()
+    target = delta_target(config, config.table("public.sm"), mirror.spark)
+    small = {MERGE_DELETION_VECTORS: "false", CODEGEN_FACTORY: "NO_CODEGEN"}
+    assert target.small_commit_settings(5) == small
+    assert target.small_commit_settings(SMALL_BATCH_ROWS) == {MERGE_DELETION_VECTORS: "false"}
+    mirror.sql("UPDATE sm SET v = 'changed' WHERE id = 7")
+    assert mirror.sync()["public.sm"].updated == 1
+    assert table_files(target.path).deletion_vectors == 0
+    assert mirror.spark.conf.get(CODEGEN_FACTORY) == "FALLBACK"  # Spark's default: the commit's own setting is gone
+
+    mirror.warehouse = {"small_table_mb": 0}
+    mirror.write_config()
+    config = mirror.config()
+    assert delta_target(config, config.table("public.sm"), mirror.spark).small_commit_settings(5) == {}
+    mirror.sql("UPDATE sm SET v = 'again' WHERE id = 8")
+    assert mirror.sync()["public.sm"].updated == 1
+    assert table_files(target.path).deletion_vectors == 1
+    mirror.check("public.sm")
 
 
 @pytest.mark.slow

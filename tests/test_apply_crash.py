@@ -106,7 +106,7 @@ def write_crash_config(folder: Path, tables: list[str]) -> Path:
         tables_section(tables),
         source={"publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000},
         changelog={"path": "./changelog", "retention_hours": 0, "fold_min_share": 0},
-        warehouse={"path": "./warehouse", "maintenance": MAINTENANCE},
+        warehouse={"path": "./warehouse", "maintenance": MAINTENANCE, "small_table_mb": 0},
         spark={"master": "local[2]", "conf": SPARK_CONF},
     )
 

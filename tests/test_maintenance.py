@@ -47,7 +47,9 @@ def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:
     maintenance = {"compact_min_files": 6, "purge_min_deletion_vectors": 1}
-    mirror = Mirror(pg, tmp_path / "mirror", {TABLE: {}}, spark, warehouse={"maintenance": maintenance})
+    mirror = Mirror(
+        pg, tmp_path / "mirror", {TABLE: {}}, spark, warehouse={"maintenance": maintenance, "small_table_mb": 0}
+    )
     mirror.sql(
         "CREATE TABLE m (id int PRIMARY KEY, v text, n int)",
         "INSERT INTO m SELECT i, 'row ' || i, i FROM generate_series(1, 2000) i",
@@ -85,7 +87,7 @@ def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
     replay = write_plan(target, plan, lsn)
     assert (replay.inserted, replay.updated, replay.deleted) == (0, 0, 0)
     double = f"INSERT INTO {target.sql_name} SELECT * FROM {{}}"  # would double every row
-    target.commit(double.format, target.read(), lsn)
+    target.commit(double.format, target.read(), lsn, batch_rows=0)
     assert mirror.version(TABLE) == after.version and mirror.applied(TABLE) == lsn
     assert not difference(mirror.check(TABLE), rows)
 

@@ -90,6 +90,7 @@ def write_plan(
     spark = target.spark
     columns = _columns_schema(plan)
     source = _source_frame(spark, plan)
+    batch = plan.rows.num_rows
     table_columns = [f.name for f in columns] + [DeltaColumn.LSN, DeltaColumn.COMMIT_TIME]
     existed = target.exists()
     if existed:
@@ -112,17 +113,17 @@ def write_plan(
         rows = _rows_to_add(plan, source, filtered)
         if not existed:  # created with its rows: one commit
             create = f"CREATE TABLE {target.sql_name} {target.create_clause()} AS"
-            inserted = _write_rows(target, None, create, rows, names, lsn)
+            inserted = _write_rows(target, None, create, rows, names, lsn, batch)
             return MergeCounts(inserted or 0, write="create")
         deleted = target.read().count()
         idempotent = not rebuild or (target.applied_lsn() or -1) < lsn
         into = f"INSERT OVERWRITE {target.sql_name} ({names})"
-        inserted = _write_rows(target, target.version(), into, rows, names, lsn, idempotent)
+        inserted = _write_rows(target, target.version(), into, rows, names, lsn, batch, idempotent)
         return MergeCounts() if inserted is None else MergeCounts(inserted, 0, deleted, "overwrite")
     if plan.mode == "append" or plan.shape == "appends":
         rows = _rows_to_add(plan, source, filtered)
         into = f"INSERT INTO {target.sql_name} ({names})"
-        inserted = _write_rows(target, target.version(), into, rows, names, lsn)
+        inserted = _write_rows(target, target.version(), into, rows, names, lsn, batch)
         return MergeCounts() if inserted is None else MergeCounts(inserted, write="append")
     if plan.mode == "multiset":
         return _merge_multiset(target, plan, source, table_columns, lsn, filtered)
@@ -161,12 +162,15 @@ def _write_rows(
     rows: DataFrame,
     names: str,
     lsn: int,
+    batch_rows: int,
     idempotent: bool = True,
 ) -> int | None:
     """``<into> SELECT <names>`` of ``rows`` (``INSERT INTO``, ``INSERT OVERWRITE``, ``CREATE TABLE
     … AS``) on the table at version ``before`` (None: no table yet); the rows written (None: Delta
     skipped the commit, the table holds ``lsn`` already)."""
-    target.commit(lambda view: f"{into} SELECT {names} FROM {_q(view)}", rows, lsn, idempotent=idempotent)
+    target.commit(
+        lambda view: f"{into} SELECT {names} FROM {_q(view)}", rows, lsn, batch_rows=batch_rows, idempotent=idempotent
+    )
     version, metrics = target.last_commit()
     return None if version == before else metrics.get("numOutputRows", 0)
 
@@ -229,7 +233,8 @@ def _merge_keyed(
             + (f" WHEN NOT MATCHED AND ({insert}) THEN INSERT ({names}) VALUES ({values})" if inserts else "")
         )
 
-    return _counts(target.commit(merge, source, lsn), "MERGE" if inserts else "MERGE (matched only)")
+    write = "MERGE" if inserts else "MERGE (matched only)"
+    return _counts(target.commit(merge, source, lsn, batch_rows=plan.rows.num_rows), write)
 
 
 def _key_bounds(plan: ChangePlan) -> str | None:
@@ -319,7 +324,7 @@ def _merge_multiset(
             f" WHEN NOT MATCHED AND s.{DeltaColumn.KIND} = '{Op.INSERT}' THEN INSERT ({inserted}) VALUES ({values})"
         )
 
-    return _counts(target.commit(merge, merge_source, lsn), "MERGE")
+    return _counts(target.commit(merge, merge_source, lsn, batch_rows=plan.rows.num_rows), "MERGE")
 
 
 def _counts(row: dict[str, int], write: str) -> MergeCounts:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from contextlib import ExitStack
 from dataclasses import dataclass
+from queue import Empty, SimpleQueue
+from threading import Lock
 
 from pyspark.sql import SparkSession
 
@@ -62,6 +65,7 @@ def delta_target(config: Config, table: TableConfig, spark: SparkSession) -> Del
         app_id(config.source.slot, str(table.name)),
         table_properties=config.warehouse.table_properties,
         storage_options=config.delta_storage_options,
+        small_table_bytes=round(config.warehouse.small_table_mb * 1e6),
     )
 
 
@@ -73,7 +77,8 @@ def apply_tables(
     progress: Callable[[TableApplied], None] | None = None,
 ) -> list[TableApplied]:
     """Apply the change log to the Delta tables of ``tables`` (default: every configured table),
-    up to ``spark.parallel_merges`` at once; ``progress`` gets each table's result as it is done,
+    up to ``spark.parallel_merges`` at once, each worker on a session of its own for all its tables;
+    ``progress`` gets each table's result as it is done,
     the return value has them in the tables' order. A table that fails does not stop the others;
     the first failure is raised once they are done."""
     reader = ChangeLogReader(changelog_store(config))
@@ -90,11 +95,21 @@ def apply_tables(
                 progress(results[-1])
         return results
 
-    def one(table: TableConfig) -> TableApplied:
-        with table_session(spark, config.spark) as session:
-            return apply_table(config, table, session, reader, checkpoint.lsn)
+    idle: SimpleQueue[SparkSession] = SimpleQueue()  # the sessions opened so far, between tables
+    opening = Lock()
 
-    with ThreadPoolExecutor(workers, thread_name_prefix="merge") as pool:
+    def one(table: TableConfig) -> TableApplied:
+        try:
+            session = idle.get_nowait()
+        except Empty:  # at most one session per worker: a worker takes its own back after each table
+            with opening:
+                session = sessions.enter_context(table_session(spark, config.spark))
+        try:
+            return apply_table(config, table, session, reader, checkpoint.lsn)
+        finally:
+            idle.put(session)
+
+    with ExitStack() as sessions, ThreadPoolExecutor(workers, thread_name_prefix="merge") as pool:
         futures: dict[Future[TableApplied], int] = {pool.submit(one, t): i for i, t in enumerate(selected)}
         done: dict[int, TableApplied] = {}
         failures: list[BaseException] = []

@@ -28,6 +28,12 @@ class TableFiles:
         )
 
 
+def data_bytes(table: RustDeltaTable) -> int:
+    """The bytes of ``table``'s data files as of its loaded version."""
+    sizes = pa.table(table.get_add_actions(flatten=True).select(["size_bytes"])).column("size_bytes")
+    return pc.sum(sizes).as_py() or 0
+
+
 def table_files(path: str, storage_options: dict[str, str] | None = None) -> TableFiles:
     """The data files of the Delta table at ``path`` as of its latest version."""
     table = RustDeltaTable(path, storage_options=storage_options)

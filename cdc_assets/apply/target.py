@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from cdc_assets.apply.spark_types import spark_type
+from cdc_assets.apply.table_files import data_bytes
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import StorageError
 from cdc_assets.pgoutput.records import DeltaColumn
@@ -42,6 +43,12 @@ DEFAULT_TABLE_PROPERTIES = {
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+# A commit into a small table (docs/architecture.md, "Small tables"): the files a MERGE changes are
+# rewritten instead of marked in deletion vectors, and a small batch's expressions are evaluated
+# without generating code.
+MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
+CODEGEN_FACTORY = "spark.sql.codegen.factoryMode"
+SMALL_BATCH_ROWS = 10_000
 APPLIED_KEY = "cdc_assets_applied_lsn"
 """The key of a data commit's user metadata (a JSON object) that holds the LSN it applied."""
 METADATA_COLUMNS = (DeltaColumn.LSN, DeltaColumn.COMMIT_TIME)
@@ -117,12 +124,14 @@ class DeltaTarget:
         *,
         table_properties: dict[str, str] | None = None,
         storage_options: dict[str, str] | None = None,
+        small_table_bytes: int = 0,
     ) -> None:
         self.spark = spark
         self.path = path
         self.app = app
         self.table_properties = {**DEFAULT_TABLE_PROPERTIES, **(table_properties or {})}
         self.storage_options = storage_options
+        self.small_table_bytes = small_table_bytes
 
     @property
     def sql_name(self) -> str:
@@ -148,6 +157,20 @@ class DeltaTarget:
         table = self._table()
         metrics = table.history(1)[0].get("operationMetrics") or {}
         return table.version(), {name: int(value) for name, value in metrics.items()}
+
+    def small_commit_settings(self, batch_rows: int) -> dict[str, str]:
+        """Spark settings for a commit of ``batch_rows`` rows: on a table whose data files add up to
+        less than ``small_table_bytes``, a MERGE rewrites the files it changes (no deletion
+        vectors), and a batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without
+        generated code — both cost a tiny MERGE more than the bytes they save (docs/architecture.md,
+        "Small tables")."""
+        table = open_table(self.path, self.storage_options) if self.small_table_bytes else None
+        if table is None or data_bytes(table) >= self.small_table_bytes:
+            return {}
+        settings = {MERGE_DELETION_VECTORS: "false"}
+        if batch_rows < SMALL_BATCH_ROWS:
+            settings[CODEGEN_FACTORY] = "NO_CODEGEN"
+        return settings
 
     def _table(self) -> RustDeltaTable:
         table = open_table(self.path, self.storage_options)
@@ -208,18 +231,20 @@ class DeltaTarget:
         source: DataFrame,
         lsn: int,
         *,
+        batch_rows: int,
         idempotent: bool = True,
     ) -> dict[str, int]:
         """Run ``statement(view)`` — Delta SQL on this table (:attr:`sql_name`) reading ``source``
         as the temporary view ``view`` — as one commit recording ``lsn`` as the table's applied
         LSN. Delta skips it if the table already holds ``lsn`` or later. Returns the statement's
-        result row (a MERGE's counts; empty for an INSERT or a skipped commit).
+        result row (a MERGE's counts; empty for an INSERT or a skipped commit). ``batch_rows``: the
+        rows of the batch ``source`` holds (:meth:`small_commit_settings`).
 
         ``idempotent=False`` (a rebuild at the LSN the table already holds) writes without the
         idempotency marker: the table's recorded version stays ``lsn``.
         """
         view = f"cdc_source_{uuid.uuid4().hex}"
-        settings = {USER_METADATA: json.dumps({APPLIED_KEY: lsn})}
+        settings = {USER_METADATA: json.dumps({APPLIED_KEY: lsn}), **self.small_commit_settings(batch_rows)}
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
         conf = self.spark.conf

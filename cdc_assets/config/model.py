@@ -168,7 +168,10 @@ class WarehouseConfig:
     whenever every table holds one source position (the Dagster sensor and asset, and a
     following drain's merges; ``apply --consistent`` publishes whatever this says).
     ``catalog``: the Spark catalog each mirror is registered in by name, ``<catalog>.<schema>.<table>``
-    (None: reached by path only)."""
+    (None: reached by path only). ``small_table_mb``: a MERGE into a table whose data files add up
+    to less than this rewrites the files it changes instead of writing deletion vectors, and a
+    small batch into it runs without generated code (0: never; docs/architecture.md, "Small
+    tables")."""
 
     path: str
     table_properties: dict[str, str] = field(default_factory=dict)
@@ -176,6 +179,7 @@ class WarehouseConfig:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     consistent_points: bool = setting(True, "flag")
     catalog: str | None = setting(None, "identifier")
+    small_table_mb: float = setting(16.0, "number")
 
 
 @dataclass(slots=True, frozen=True)

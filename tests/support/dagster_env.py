@@ -69,9 +69,10 @@ INSERT INTO public.notes SELECT i, 'note ' || i, i FROM generate_series(1, 3) i;
 
 def write_dagster_config(folder: Path, *, tables: Sequence[str] = TABLES, **sections: Any) -> Path:
     """The code location's ``cdc.yaml`` in ``folder`` (:func:`~tests.support.config_file.write_config`):
-    ``tables`` (``public.orders`` row-filtered), maintenance due on these small tables, :data:`SPARK`;
+    ``tables`` (``public.orders`` row-filtered), maintenance due on these small tables (their merges
+    writing deletion vectors, as a large table's do), :data:`SPARK`;
     ``sections`` beside or in place of these (``source={"slot": …}``, ``schedule``, ``spark``, …)."""
-    defaults: dict[str, Any] = {"warehouse": {"maintenance": MAINTENANCE}, "spark": SPARK}
+    defaults: dict[str, Any] = {"warehouse": {"maintenance": MAINTENANCE, "small_table_mb": 0}, "spark": SPARK}
     row_filtered = {t: ({"row_filter": ROW_FILTERS[t]} if t in ROW_FILTERS else {}) for t in tables}
     return write_config(folder, row_filtered, **(defaults | sections))
 

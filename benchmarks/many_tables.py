@@ -27,7 +27,8 @@ coordinator, pools of one, ``max_concurrent_runs: 8``, sensors and schedules on 
   drain run that follows the stream (``drain.follow_seconds: 3600``, ``commit_seconds: 2``) and
   merges as it goes (``schedule.merge_with_drain``, ``spark.parallel_merges: 4``), the merge
   sensor looking every 300 s (it only catches up what a failed run left and keeps idle mirrors
-  fresh) — a table's merge is requested by that run as the batch that brought it is durable.
+  fresh), maintenance of every table nightly (``warehouse.maintenance.cron: 0 3 * * *``) instead
+  of hourly — a table's merge is requested by that run as the batch that brought it is durable.
 
 Output: ``many_tables.json`` and a summary on standard output.
 """
@@ -110,6 +111,7 @@ def write_files(work: Path, server: str, count: int, merges: str) -> dict[str, s
     if merges == "drain":  # the settings README.md recommends for many tables
         document["drain"] = {"follow_seconds": 3600, "commit_seconds": 2}
         document["schedule"] |= {"merge_with_drain": True, "merge_check_seconds": 300}
+        document["warehouse"]["maintenance"] = {"cron": "0 3 * * *"}  # one nightly run over every table
     (work / "cdc.yaml").write_text(json.dumps(document, indent=2), encoding="utf-8")  # JSON is YAML
     instance = {
         "run_coordinator": {"module": "dagster._core.run_coordinator", "class": "QueuedRunCoordinator"},

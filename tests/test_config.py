@@ -121,7 +121,7 @@ def test_maintenance_defaults_and_settings() -> None:
     defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x").warehouse.maintenance
     assert (defaults.cron, defaults.compact_min_files, defaults.zorder) == ("0 * * * *", 8, False)
     assert (defaults.purge_min_deletion_vectors, defaults.vacuum_retention_hours) == (8, 168)
-    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").warehouse.small_table_mb == 16.0
+    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").warehouse.small_table_mb == 4.0
     text = EXAMPLE.replace(
         "  path: s3://bucket/warehouse/",
         MAINTENANCE + "cron: '30 2 * * *', compact_min_files: 0, zorder: true, vacuum_retention_hours: 720}",

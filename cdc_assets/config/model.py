@@ -179,7 +179,7 @@ class WarehouseConfig:
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     consistent_points: bool = setting(True, "flag")
     catalog: str | None = setting(None, "identifier")
-    small_table_mb: float = setting(16.0, "number")
+    small_table_mb: float = setting(4.0, "number")
 
 
 @dataclass(slots=True, frozen=True)

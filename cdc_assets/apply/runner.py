@@ -78,9 +78,9 @@ def apply_tables(
 ) -> list[TableApplied]:
     """Apply the change log to the Delta tables of ``tables`` (default: every configured table),
     up to ``spark.parallel_merges`` at once, each worker on a session of its own for all its tables;
-    ``progress`` gets each table's result as it is done,
-    the return value has them in the tables' order. A table that fails does not stop the others;
-    the first failure is raised once they are done."""
+    ``progress`` gets each table's result as it is done, the return value has them in the tables'
+    order. A table that fails does not stop the others; the first failure is raised once they are
+    done."""
     reader = ChangeLogReader(changelog_store(config))
     checkpoint = reader.require_checkpoint()
     selected = [config.table(t) for t in tables] if tables else list(config.tables)

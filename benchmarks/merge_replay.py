@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _common  # noqa: F401 - puts this checkout first on sys.path
+
 from cdc_assets.apply.runner import apply_table
 from cdc_assets.apply.session import spark_session
 from cdc_assets.apply.target import APPLIED_KEY

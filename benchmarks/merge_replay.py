@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import _common  # noqa: F401 - puts this checkout first on sys.path
+from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.runner import apply_table
 from cdc_assets.apply.session import spark_session
@@ -37,15 +38,9 @@ from cdc_assets.config import load_config
 WARM_UP_MERGES = 10
 
 
-def commits(log: Path) -> list[tuple[int, dict[str, Any]]]:
-    """Each commit of a Delta log: its version and its ``commitInfo``."""
-    found = []
-    for path in sorted(log.glob("*.json")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            action = json.loads(line)
-            if "commitInfo" in action:
-                found.append((int(path.stem), action["commitInfo"]))
-    return found
+def commits(path: Path) -> list[dict[str, Any]]:
+    """Each commit of the Delta table at ``path``, oldest first (delta-rs's history)."""
+    return sorted(RustDeltaTable(str(path)).history(), key=lambda commit: commit["version"])
 
 
 def cut_back(log: Path, version: int) -> None:
@@ -76,9 +71,9 @@ def main() -> int:
     shutil.copytree(original, replay / "warehouse" / schema / name)
     cut_back(replay / "warehouse" / schema / name / "_delta_log", args.from_version)
     targets = [
-        json.loads(info["userMetadata"])[APPLIED_KEY]
-        for version, info in commits(original / "_delta_log")
-        if version > args.from_version
+        json.loads(commit["userMetadata"])[APPLIED_KEY]
+        for commit in commits(original)
+        if commit["version"] > args.from_version
     ][: args.merges]
 
     spark_conf = {k: v for k, v in document["spark"].get("conf", {}).items() if k != "spark.ui.enabled"}
@@ -100,7 +95,7 @@ def main() -> int:
         started = time.perf_counter()
         applied = apply_table(config, table, spark, reader, lsn)
         times.append(time.perf_counter() - started)
-        metrics = commits(replay / "warehouse" / schema / name / "_delta_log")[-1][1].get("operationMetrics", {})
+        metrics = commits(replay / "warehouse" / schema / name)[-1].get("operationMetrics", {})
         print(
             f"{number:3d}: {times[-1]:5.2f} s, executionTimeMs {metrics.get('executionTimeMs', '-')},"
             f" updated {applied.updated}, files added {metrics.get('numTargetFilesAdded', '-')},"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import _common  # noqa: F401 - puts this checkout first on sys.path
+import yaml
 from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.runner import apply_table
@@ -63,7 +64,7 @@ def main() -> int:
     parser.add_argument("--small-table-mb", type=float, help="warehouse.small_table_mb (default: the run's)")
     args = parser.parse_args()
 
-    document = json.loads((args.work / "cdc.yaml").read_text(encoding="utf-8"))  # the benchmarks write JSON
+    document = yaml.safe_load((args.work / "cdc.yaml").read_text(encoding="utf-8"))
     schema, name = args.table.split(".")
     original = args.work / document["warehouse"]["path"] / schema / name
     replay = Path(tempfile.mkdtemp(prefix="cdc-replay-"))
@@ -95,7 +96,8 @@ def main() -> int:
         started = time.perf_counter()
         applied = apply_table(config, table, spark, reader, lsn)
         times.append(time.perf_counter() - started)
-        metrics = commits(replay / "warehouse" / schema / name)[-1].get("operationMetrics", {})
+        last = RustDeltaTable(str(replay / "warehouse" / schema / name)).history(1)[0]
+        metrics = last.get("operationMetrics", {})
         print(
             f"{number:3d}: {times[-1]:5.2f} s, executionTimeMs {metrics.get('executionTimeMs', '-')},"
             f" updated {applied.updated}, files added {metrics.get('numTargetFilesAdded', '-')},"

@@ -734,13 +734,44 @@ def test_the_driver_gets_a_code_cache_that_a_long_lived_session_does_not_fill() 
     """Each statement's generated classes are compiled by the JIT: the default code cache (240 MB)
     fills in a session that lives for days, and the JVM then evicts and recompiles Spark's and
     Delta's own code at every statement; a user's own size and options are kept."""
-    settings = session_settings(SparkConfig())
+    cluster = "spark://h:7077"
+    settings = session_settings(SparkConfig(master=cluster))
     assert settings["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g"
     assert settings["spark.executor.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g"
-    theirs = SparkConfig(conf={"spark.driver.extraJavaOptions": "-Dx=1"})
+    theirs = SparkConfig(master=cluster, conf={"spark.driver.extraJavaOptions": "-Dx=1"})
     assert session_settings(theirs)["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g -Dx=1"
-    sized = SparkConfig(conf={"spark.driver.extraJavaOptions": "-XX:ReservedCodeCacheSize=2g -Dx=1"})
+    sized = SparkConfig(master=cluster, conf={"spark.driver.extraJavaOptions": "-XX:ReservedCodeCacheSize=2g -Dx=1"})
     assert session_settings(sized)["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=2g -Dx=1"
+
+
+def test_a_local_driver_allocates_no_page_or_broadcast_block_that_g1_calls_humongous(spark: Any) -> None:
+    """Tungsten's pages (up to 64 MB) and broadcast blocks (4 MB) were half a G1 region or more:
+    each was allocated outside the young generation and could start a concurrent marking cycle,
+    dozens per MERGE. The test session's JVM runs with the settings that prevent it, and a user's
+    own choices are kept; a cluster's executors keep Spark's defaults."""
+    jvm = spark.sparkContext._jvm
+    diagnostic = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    region = int(diagnostic.getVMOption("G1HeapRegionSize").getValue())
+    page = spark.sparkContext._jsc.sc().env().memoryManager().pageSizeBytes()
+    block = spark.sparkContext.getConf().get("spark.broadcast.blockSize")
+    assert (region, page, block) == (4 << 20, 1 << 20, "1m")
+    assert page < region // 2  # G1 allocates an object of half a region or more as humongous
+    settings = session_settings(SparkConfig(master="local[2]"))
+    assert settings["spark.driver.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g -XX:G1HeapRegionSize=4m"
+    assert settings["spark.executor.extraJavaOptions"] == "-XX:ReservedCodeCacheSize=1g"
+    theirs = SparkConfig(
+        master="local[2]",
+        conf={"spark.driver.extraJavaOptions": "-XX:G1HeapRegionSize=8m", "spark.buffer.pageSize": "2m"},
+    )
+    assert (
+        session_settings(theirs)["spark.driver.extraJavaOptions"]
+        == "-XX:ReservedCodeCacheSize=1g -XX:G1HeapRegionSize=8m"
+    )
+    assert session_settings(theirs)["spark.buffer.pageSize"] == "2m"
+    cluster = session_settings(SparkConfig(master="spark://h:7077"))
+    assert "spark.buffer.pageSize" not in cluster and "spark.broadcast.blockSize" not in cluster
 
 
 def test_a_start_passes_the_jars_an_earlier_start_resolved_and_resolves_again_when_one_is_gone(

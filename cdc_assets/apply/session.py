@@ -91,6 +91,14 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         # VACUUM lists the table's folder with this many tasks; Spark's default (10,000) made a
         # VACUUM of a small table take 45-80 s on two local cores instead of 3-5 s.
         settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(_local_cores(master))
+        # Tungsten's memory pages (a join's hash table, an aggregation, a sort) are up to 64 MB and
+        # a broadcast is cut into 4 MB blocks: on a heap of a few GB these are objects G1 calls
+        # humongous (half a region or more), each allocated outside the young generation and each
+        # able to start a concurrent marking cycle — a MERGE makes dozens. Pages and blocks of
+        # LOCAL_PAGE_SIZE in the driver's regions of LOCAL_HEAP_REGION (java_options) are young
+        # objects like any other (docs/architecture.md, "Spark Connect").
+        settings["spark.buffer.pageSize"] = LOCAL_PAGE_SIZE
+        settings["spark.broadcast.blockSize"] = LOCAL_PAGE_SIZE
     if config.storage is not None:
         settings |= {f"spark.hadoop.{key}": value for key, value in config.storage.hadoop_settings().items()}
     if not os.environ.get("HOME"):
@@ -108,8 +116,10 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
     settings.update(config.conf)
     if CLASS_PATH in metastore:  # the user's class path and the JDBC driver
         settings[CLASS_PATH] = metastore[CLASS_PATH]
+    local_driver = (HEAP_REGION_OPTION + LOCAL_HEAP_REGION,) if master.startswith("local") else ()
     for key in JAVA_OPTIONS:
-        settings[key] = java_options(config.conf.get(key, ""))
+        defaults = (CODE_CACHE_OPTION + CODE_CACHE_SIZE,) + (local_driver if key == DRIVER_JAVA_OPTIONS else ())
+        settings[key] = java_options(config.conf.get(key, ""), defaults)
     return settings
 
 
@@ -119,25 +129,29 @@ def _jars_or_packages(packages: str, home: Path) -> dict[str, str]:
     return {"spark.jars": ",".join(recorded)} if recorded else {"spark.jars.packages": packages}
 
 
-JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+JAVA_OPTIONS = (DRIVER_JAVA_OPTIONS, "spark.executor.extraJavaOptions")
 CODE_CACHE_OPTION = "-XX:ReservedCodeCacheSize="
 CODE_CACHE_SIZE = "1g"
+HEAP_REGION_OPTION = "-XX:G1HeapRegionSize="
+LOCAL_HEAP_REGION = "4m"
+LOCAL_PAGE_SIZE = "1m"  # below half of LOCAL_HEAP_REGION: no page or broadcast block is humongous
 
 
-def java_options(options: str) -> str:
-    """A driver's or executor's JVM options: ``options`` with a code cache of ``CODE_CACHE_SIZE``
-    unless they set one.
+def java_options(options: str, defaults: tuple[str, ...]) -> str:
+    """A driver's or executor's JVM options: ``options`` with each of ``defaults``
+    (``-XX:Name=value``) in front that they do not set themselves.
 
-    Every query compiles classes of its own (whole-stage code generation writes the query's
-    literals — a MERGE's key bounds, a batch's keys — into the code), which the JIT compiles in
-    turn; in a JVM that lives for days that code takes most of the default code cache (240 MB),
-    and the fuller the cache, the more compiled code that is not hot the JVM evicts — Delta's and
-    Spark's planning code, run once per statement — to compile it again (docs/architecture.md,
-    "Spark Connect").
+    Every JVM gets a code cache of ``CODE_CACHE_SIZE``: every query compiles classes of its own
+    (whole-stage code generation writes the query's literals — a MERGE's key bounds, a batch's
+    keys — into the code), which the JIT compiles in turn; in a JVM that lives for days that code
+    takes most of the default code cache (240 MB), and the fuller the cache, the more compiled code
+    that is not hot the JVM evicts — Delta's and Spark's planning code, run once per statement — to
+    compile it again (docs/architecture.md, "Spark Connect"). A local driver, which runs the tasks
+    too, gets heap regions of ``LOCAL_HEAP_REGION`` (``session_settings``).
     """
-    if CODE_CACHE_OPTION in options:
-        return options
-    return f"{CODE_CACHE_OPTION}{CODE_CACHE_SIZE} {options}".strip()
+    missing = [option for option in defaults if option.split("=")[0] + "=" not in options]
+    return " ".join([*missing, options]).strip()
 
 
 def delta_on_classpath() -> bool:

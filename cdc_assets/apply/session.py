@@ -93,8 +93,8 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         settings["spark.sql.sources.parallelPartitionDiscovery.parallelism"] = str(_local_cores(master))
         # Tungsten's memory pages (a join's hash table, an aggregation, a sort) are up to 64 MB and
         # a broadcast is cut into 4 MB blocks: on a heap of a few GB these are objects G1 calls
-        # humongous (half a region or more), each allocated outside the young generation and each
-        # able to start a concurrent marking cycle — a MERGE makes dozens. Pages and blocks of
+        # humongous (half a region or more), each allocated in regions of its own and each able to
+        # start a concurrent marking cycle — a MERGE makes dozens. Pages and blocks of
         # LOCAL_PAGE_SIZE in the driver's regions of LOCAL_HEAP_REGION (java_options) are young
         # objects like any other (docs/architecture.md, "Spark Connect").
         settings["spark.buffer.pageSize"] = LOCAL_PAGE_SIZE

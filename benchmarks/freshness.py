@@ -30,7 +30,9 @@ Each (runtime, merges) pair is measured in turn, on a fresh server. ``pgbench -R
 load; every 10 s each table's **freshness** is sampled: now minus the source commit time of the
 newest transaction its Delta table has applied (its applied LSN, read from the Delta log with
 delta-rs, against the change log's transactions). Samples of the first ``--warmup`` seconds of
-the load are left out (the pipeline's first cycle under load); a later sample taken before a table
+the load are left out (the pipeline's first cycle under load; a fresh Spark Connect server's JIT
+takes a few minutes under the load to bring a MERGE down to its steady time: ``--minutes 15
+--warmup 300`` measures the last 10 minutes); a later sample taken before a table
 applied any transaction of the load counts as the time since the load began. Reported per runtime and table:
 p50, p95 and max freshness; the rate pgbench reached; the runs Dagster ran — per kind (drain,
 drain with merges, merge) how many, the median time from the run's creation to its start (the

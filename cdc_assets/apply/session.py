@@ -83,7 +83,8 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
         "spark.ui.dagGraph.retainedRootRDDs": "200",
     }
     master = config.master or "local[2]"
-    if master.startswith("local"):
+    local = master.startswith("local")
+    if local:
         # Delta rebuilds a table's state (its file list) with this many tasks on every new
         # version; the default (50) makes each read and MERGE of a small table take tens of
         # seconds on a few local cores.
@@ -116,7 +117,7 @@ def session_settings(config: SparkConfig, app_name: str = "cdc-assets") -> dict[
     settings.update(config.conf)
     if CLASS_PATH in metastore:  # the user's class path and the JDBC driver
         settings[CLASS_PATH] = metastore[CLASS_PATH]
-    local_driver = (HEAP_REGION_OPTION + LOCAL_HEAP_REGION,) if master.startswith("local") else ()
+    local_driver = (HEAP_REGION_OPTION + LOCAL_HEAP_REGION,) if local else ()
     for key in JAVA_OPTIONS:
         defaults = (CODE_CACHE_OPTION + CODE_CACHE_SIZE,) + (local_driver if key == DRIVER_JAVA_OPTIONS else ())
         settings[key] = java_options(config.conf.get(key, ""), defaults)

@@ -3,7 +3,7 @@ the pipeline as a user would configure it for low latency.
 
     python benchmarks/freshness.py [--pg 16] [--rate 500] [--minutes 10] [--scale 10]
                                    [--runtimes connect,local] [--merges drain,table] [--warmup 60]
-                                   [--parallel-merges N] [--copy-on-write]
+                                   [--parallel-merges N] [--copy-on-write] [--conf KEY=VALUE ...]
                                    [--out freshness-out]
 
 Per runtime, on a fresh server: ``pgbench -i`` (its three keyed tables: accounts, tellers,
@@ -23,6 +23,7 @@ initial copy, not measured), then ``dagster dev`` on the code location with
   table), the default run launcher (a process per run);
 * ``--copy-on-write``: ``warehouse.table_properties: {delta.enableDeletionVectors: "false"}`` —
   a MERGE rewrites the files it touches instead of writing deletion vectors and new files;
+* ``--conf KEY=VALUE``: one more ``spark.conf`` setting (on a Connect server: its sessions' default);
 * ``connect``: ``spark.remote`` to a ``cdc-assets spark-server`` started first (a run opens a
   session, no JVM start); ``local``: ``spark.master: local[2]`` (each run starts its own Spark).
 
@@ -279,6 +280,7 @@ def measure(runtime: str, merges: str, args: argparse.Namespace) -> dict[str, An
         port = free_port()
         # the first apply sends the 1,000,000-row copy to the driver (over Connect: one local relation)
         conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4", "spark.driver.memory": "6g"}
+        conf |= dict(setting.split("=", 1) for setting in args.conf)
         spark = {"remote": f"sc://127.0.0.1:{port}"} if runtime == "connect" else {"master": "local[2]"}
         if args.parallel_merges is not None:
             spark["parallel_merges"] = args.parallel_merges
@@ -367,6 +369,7 @@ def main() -> int:
     parser.add_argument(
         "--copy-on-write", action="store_true", help="tables without deletion vectors (MERGE rewrites touched files)"
     )
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="one more spark.conf setting")
     parser.add_argument("--out", default="freshness-out")
     args = parser.parse_args()
     out = Path(args.out)

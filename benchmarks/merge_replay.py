@@ -2,15 +2,18 @@
 
     python benchmarks/merge_replay.py WORK [--table public.pgbench_accounts] [--from-version 0]
                                       [--merges 30] [--conf KEY=VALUE ...] [--small-table-mb MB]
+                                      [--remote sc://HOST:PORT]
 
 ``WORK`` is the folder of a run that kept its change log and Delta tables — a freshness run's
 ``work`` (``freshness.json``) or any ``cdc.yaml`` folder. The table is copied with its Delta log cut
 back to ``--from-version``, then every later commit of the original is replayed in order: the real
 ``apply_table`` up to the LSN that commit applied, so each replayed MERGE takes the same batch as
-the original did, on a classic ``local[2]`` session with the run's Spark settings plus ``--conf``.
+the original did, on a classic ``local[2]`` session with the run's Spark settings plus ``--conf``
+(``--remote``: on a session of that Spark Connect server, e.g. a ``cdc-assets spark-server``).
 No PostgreSQL is needed. Printed per merge: its wall time, Delta's ``executionTimeMs``, rows
-updated, files added and deletion vectors written; then the median of the merges after the first
-ten (the JIT's warm-up). Compare two settings with ``farm-bench --vs``, which alternates them.
+updated, files added and deletion vectors written; then the medians of the merges after the first
+ten (the JIT's warm-up): the wall time, and the time outside Delta's execution of the statement
+(the client's reads of the log and the change log, planning, round trips). Compare two settings with ``farm-bench --vs``, which alternates them.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> int:
     parser.add_argument("--merges", type=int, default=30)
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--small-table-mb", type=float, help="warehouse.small_table_mb (default: the run's)")
+    parser.add_argument("--remote", help="a Spark Connect server to replay on (default: a classic local[2] session)")
     args = parser.parse_args()
 
     document = yaml.safe_load((args.work / "cdc.yaml").read_text(encoding="utf-8"))
@@ -78,7 +82,8 @@ def main() -> int:
     ][: args.merges]
 
     spark_conf = {k: v for k, v in document["spark"].get("conf", {}).items() if k != "spark.ui.enabled"}
-    document["spark"] = {"master": "local[2]", "conf": spark_conf | dict(kv.split("=", 1) for kv in args.conf)}
+    runtime = {"remote": args.remote} if args.remote else {"master": "local[2]"}
+    document["spark"] = runtime | {"conf": spark_conf | dict(kv.split("=", 1) for kv in args.conf)}
     document["changelog"]["path"], document["warehouse"]["path"] = "./changelog", "./warehouse"
     document["tables"] = {args.table: document["tables"].get(args.table, {})}
     if args.small_table_mb is not None:
@@ -87,17 +92,19 @@ def main() -> int:
     os.chdir(replay)
     config = load_config(replay / "cdc.yaml", {**os.environ, "CDC_SOURCE_DSN": "dbname=unused"})
     spark = spark_session(config.spark, app_name="merge-replay")
-    spark.sparkContext.setLogLevel("FATAL")  # Delta logs a benign ERROR per scan of a table with deletion vectors
+    if not args.remote:
+        spark.sparkContext.setLogLevel("FATAL")  # Delta logs a benign ERROR per scan of a table with deletion vectors
     reader = ChangeLogReader(changelog_store(config))
     table = config.table(args.table)
     print(f"replaying {len(targets)} merges of {args.table} from version {args.from_version} in {replay}")
-    times = []
+    times, outside = [], []
     for number, lsn in enumerate(targets):
         started = time.perf_counter()
         applied = apply_table(config, table, spark, reader, lsn)
         times.append(time.perf_counter() - started)
         last = RustDeltaTable(str(replay / "warehouse" / schema / name)).history(1)[0]
         metrics = last.get("operationMetrics", {})
+        outside.append(times[-1] - int(metrics.get("executionTimeMs", 0)) / 1000)
         print(
             f"{number:3d}: {times[-1]:5.2f} s, executionTimeMs {metrics.get('executionTimeMs', '-')},"
             f" updated {applied.updated}, files added {metrics.get('numTargetFilesAdded', '-')},"
@@ -105,7 +112,10 @@ def main() -> int:
             flush=True,
         )
     steady = times[WARM_UP_MERGES:] or times
-    print(f"median of merges {len(times) - len(steady)}–{len(times) - 1}: {statistics.median(steady):.2f} s")
+    print(
+        f"median of merges {len(times) - len(steady)}–{len(times) - 1}: {statistics.median(steady):.2f} s,"
+        f" outside the statement's execution {statistics.median(outside[-len(steady) :]):.2f} s"
+    )
     spark.stop()
     shutil.rmtree(replay, ignore_errors=True)
     return 0

@@ -376,6 +376,7 @@ def _sync(args: argparse.Namespace) -> int:
             spark,
             lambda applied: print(applied.summary(), flush=True),
             lambda point: print(f"consistent point {point.summary()}", flush=True),
+            lambda compacted: print(f"compacted {compacted.summary()}", flush=True),
         ) as merges:
             _drain(args, config, on_batch=lambda _: merges.batch_durable())
     else:

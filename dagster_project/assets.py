@@ -17,6 +17,7 @@ from dagster import AssetExecutionContext
 from cdc_assets.apply.consistent_points import ConsistentPoint
 from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.apply.history import history_rows, write_history
+from cdc_assets.apply.maintenance import Maintained
 from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -116,11 +117,14 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             context.log.info(f"consistent point {point.summary()}")
             context.log_event(dg.AssetMaterialization(asset_key=POINT_KEY, metadata=point_metadata(config, point)))
 
+        def compacted(result: Maintained) -> None:
+            context.log.info(f"compacted {result.summary()}")
+
         def durable(batch: DurableBatch) -> None:
             reports(batch)
             merges.batch_durable()
 
-        with MergeFollower(config, session, merged, published) as merges:
+        with MergeFollower(config, session, merged, published, compacted) as merges:
             result = drain(config, wait=True, progress=log, on_batch=durable)
         return dg.MaterializeResult(metadata=drain_metadata(result))
 

@@ -6,7 +6,8 @@ Covered: OPTIMIZE compacts the files merges leave and takes their deletion vecto
 REORG … APPLY (PURGE) removes the deletion vectors left on files OPTIMIZE did not rewrite; the
 table stays equal to its source; the applied LSN is the same after every maintenance commit, and
 a merge replayed after maintenance is still skipped (by the apply and by Delta itself); VACUUM
-deletes only files that left the table more than the retention ago."""
+deletes only files that left the table more than the retention ago; a following drain's merges
+compact a table they grew to ``follow_compact_files`` files."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ from typing import Any
 
 import pytest
 
-from cdc_assets.apply.maintenance import maintain_table
+from cdc_assets.apply.follower import MergeFollower
+from cdc_assets.apply.maintenance import Maintained, maintain_table
 from cdc_assets.apply.merge import write_plan
+from cdc_assets.apply.runner import TableApplied
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.config import MaintenanceConfig
 from cdc_assets.lsn import format_lsn
 from tests.support.database import Database
 from tests.support.mirror import Mirror
+from tests.support.pipeline import wait_until
 from tests.support.rows import difference
 
 TABLE = "public.m"
@@ -103,6 +107,46 @@ def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
     assert purged.after is not None and purged.after.deletion_vectors == 0 and purged.after.deleted_rows == 0
     assert purged.applied_lsn == mirror.applied(TABLE) == mirror.checkpoint_lsn()
     assert Path(path, "_delta_log", "_last_checkpoint").exists()  # that LSN was read through a log checkpoint
+    mirror.check(TABLE)
+
+
+@pytest.mark.slow
+def test_a_follower_compacts_a_table_once_its_merges_leave_it_with_follow_compact_files(
+    pg: Database, spark: Any, tmp_path: Path
+) -> None:
+    """Each merge adds files; the merge that leaves the table with ``follow_compact_files`` of them
+    is followed by an OPTIMIZE of that table alone (reported, under its write lock): fewer files,
+    no deletion vector, the applied LSN kept, the table equal to its source."""
+    maintenance = {"follow_compact_files": 4, "compact_min_files": 0, "purge_min_deletion_vectors": 0}
+    mirror = Mirror(
+        pg, tmp_path / "mirror", {TABLE: {}}, spark, warehouse={"maintenance": maintenance, "small_table_mb": 0}
+    )
+    mirror.sql(
+        "CREATE TABLE m (id int PRIMARY KEY, v text, n int)",
+        "INSERT INTO m SELECT i, 'row ' || i, i FROM generate_series(1, 2000) i",
+    )
+    mirror.setup()
+    mirror.apply()
+    path = mirror.path(TABLE)
+    assert table_files(path).files < 4
+    merged: list[TableApplied] = []
+    compacted: list[Maintained] = []
+    with MergeFollower(mirror.config(), spark, merged.append, on_compacted=compacted.append) as follower:
+        for round_ in range(1, 7):
+            spread_changes(mirror, round_)
+            mirror.drain()
+            follower.batch_durable()
+            wait_until(lambda done=round_: len(merged) == done, timeout=120, what=f"merge {round_}")
+            if compacted:
+                break
+    assert len(compacted) == 1, [m.summary() for m in merged]
+    done = compacted[0]
+    assert merged[-1].data_files is not None and merged[-1].data_files >= 4
+    assert done.steps == ("OPTIMIZE",) and done.before is not None and done.after is not None
+    assert done.before.files == merged[-1].data_files and done.after.files < done.before.files
+    assert done.after.deletion_vectors == 0 and done.applied_lsn == merged[-1].applied_lsn
+    assert all(m.data_files is not None and m.data_files < 4 for m in merged[:-1])
+    assert table_files(path) == done.after
     mirror.check(TABLE)
 
 

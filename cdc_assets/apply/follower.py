@@ -9,8 +9,10 @@ merge reads the checkpoint when it starts, so it takes every batch durable by th
 queued behind a long merge are not held to the position of an older look. What a merge does is
 exactly what ``cdc-assets apply`` does for the table, under the table's write lock on the source
 (:class:`~cdc_assets.source.lock.TableWriteLock`), which the table's maintenance takes too: no
-Dagster pool orders a follower's merges. A failed merge stops the follower, and the drain's next
-durable batch raises its error. Whenever the merges have caught up (nothing queued, nothing
+Dagster pool orders a follower's merges. A merge that leaves its table with
+``warehouse.maintenance.follow_compact_files`` data files or more is followed, under the same lock,
+by the table's compaction (:func:`~cdc_assets.apply.maintenance.compact_table`). A failed merge
+stops the follower, and the drain's next durable batch raises its error. Whenever the merges have caught up (nothing queued, nothing
 merging), the follower publishes the consistent point the tables make, if it is new
 (``warehouse.consistent_points``).
 """
@@ -25,6 +27,7 @@ from types import TracebackType
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.consistent_points import ConsistentPoint, publish_point
+from cdc_assets.apply.maintenance import Maintained, compact_table
 from cdc_assets.apply.runner import TableApplied, apply_table
 from cdc_assets.apply.session import table_session
 from cdc_assets.apply.target import table_applied_lsn
@@ -49,11 +52,13 @@ class MergeFollower:
         spark: SparkSession,
         on_applied: Callable[[TableApplied], None],
         on_point: Callable[[ConsistentPoint], None] | None = None,
+        on_compacted: Callable[[Maintained], None] | None = None,
     ) -> None:
         self._config = config
         self._spark = spark
         self._on_applied = on_applied
         self._on_point = on_point
+        self._on_compacted = on_compacted
         self._configured = {str(table.name) for table in config.tables}
         self._seen: dict[str, TableState] | None = None
         self._changed = threading.Event()  # a batch is durable: look for tables to merge
@@ -167,12 +172,19 @@ class MergeFollower:
                 self._lock.wait(timeout=1.0)
 
     def _merge(self, table: str, session: SparkSession) -> None:
+        configured = self._config.table(table)
+        bound = self._config.warehouse.maintenance.follow_compact_files
+        compacted = None
         with TableWriteLock(self._config.source, table):  # the table's maintenance waits, or this waits for it
             reader = ChangeLogReader(changelog_store(self._config))
             checkpoint = reader.require_checkpoint()
-            result = apply_table(self._config, self._config.table(table), session, reader, checkpoint.lsn)
+            result = apply_table(self._config, configured, session, reader, checkpoint.lsn)
+            if bound and (result.data_files or 0) >= bound:
+                compacted = compact_table(self._config, configured, session)
         if result.skipped is None:
             self._on_applied(result)
+        if compacted is not None and self._on_compacted is not None:
+            self._on_compacted(compacted)
 
     def _publish_point(self) -> None:
         """Every due table is merged: publish the consistent point the tables make, if new."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
@@ -91,15 +91,15 @@ def maintain_table(
     steps = []
     if settings.compact_min_files and files.files >= settings.compact_min_files:
         order = f" ZORDER BY ({backquote(key)})" if settings.zorder and key else ""
-        target.spark.sql(f"OPTIMIZE {target.sql_name}{order}").collect()
+        target.execute(f"OPTIMIZE {target.sql_name}{order}")
         steps.append("OPTIMIZE" + (" ZORDER" if order else ""))
         files = table_files(target.path, target.storage_options)
     if settings.purge_min_deletion_vectors and files.deletion_vectors >= settings.purge_min_deletion_vectors:
-        target.spark.sql(f"REORG TABLE {target.sql_name} APPLY (PURGE)").collect()
+        target.execute(f"REORG TABLE {target.sql_name} APPLY (PURGE)")
         steps.append("REORG PURGE")
     if settings.vacuum_retention_hours:
         hours = vacuum_hours(settings.vacuum_retention_hours, keep_since_ms, time.time() * 1000)
-        target.spark.sql(f"VACUUM {target.sql_name} RETAIN {hours} HOURS").collect()
+        target.execute(f"VACUUM {target.sql_name} RETAIN {hours} HOURS")
         steps.append("VACUUM" if hours == settings.vacuum_retention_hours else f"VACUUM (retaining {hours} hours)")
         result.vacuumed_files = _vacuumed_files(target)
     result.steps = tuple(steps)
@@ -142,6 +142,17 @@ def maintain_configured_table(config: Config, table: TableConfig, spark: SparkSe
         target = delta_target(config, table, spark)
         keep = point_files_since(config, name)
         return maintain_table(target, config.warehouse.maintenance, name, first_key_column(config, name), keep)
+
+
+def compact_table(config: Config, table: TableConfig, spark: SparkSession) -> Maintained:
+    """OPTIMIZE one table now, and nothing else of the maintenance — what a following drain does to
+    a table its merges brought to ``follow_compact_files`` data files. The caller holds the
+    table's write lock."""
+    name = str(table.name)
+    only = replace(
+        config.warehouse.maintenance, compact_min_files=1, purge_min_deletion_vectors=0, vacuum_retention_hours=0
+    )
+    return maintain_table(delta_target(config, table, spark), only, name, first_key_column(config, name))
 
 
 def first_key_column(config: Config, table: str) -> str | None:

@@ -45,6 +45,7 @@ class TableApplied:
     deleted: int = 0
     write: str = ""  # how the commit wrote them (MergeCounts.write)
     delta_version: int | None = None
+    data_files: int | None = None  # the table's data files after the commit
     skipped: str | None = None
     elapsed_s: float = 0.0
 
@@ -179,6 +180,7 @@ def _apply_table(
     result.write = counts.write
     result.applied_lsn = target.applied_lsn()
     result.delta_version = target.version()
+    result.data_files = target.data_files()
     result.elapsed_s = time.monotonic() - started
     return result
 

@@ -34,6 +34,11 @@ def data_bytes(table: RustDeltaTable) -> int:
     return pc.sum(sizes).as_py() or 0
 
 
+def data_files(table: RustDeltaTable) -> int:
+    """How many data files ``table``'s loaded version has."""
+    return len(pa.table(table.get_add_actions(flatten=True).select(["size_bytes"])))
+
+
 def table_files(path: str, storage_options: dict[str, str] | None = None) -> TableFiles:
     """The data files of the Delta table at ``path`` as of its latest version."""
     table = RustDeltaTable(path, storage_options=storage_options)

@@ -22,15 +22,16 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable as RustDeltaTable
 from deltalake.exceptions import TableNotFoundError
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
 from cdc_assets.apply.spark_types import spark_type
-from cdc_assets.apply.table_files import data_bytes
+from cdc_assets.apply.table_files import data_bytes, data_files
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import StorageError
 from cdc_assets.pgoutput.records import DeltaColumn
@@ -132,16 +133,32 @@ class DeltaTarget:
         self.table_properties = {**DEFAULT_TABLE_PROPERTIES, **(table_properties or {})}
         self.storage_options = storage_options
         self.small_table_bytes = small_table_bytes
+        self._snapshot: RustDeltaTable | None = None
+        self._snapshot_read = False
 
     @property
     def sql_name(self) -> str:
         return f"delta.{backquote(self.path)}"
 
+    def snapshot(self) -> RustDeltaTable | None:
+        """The table's latest version read with delta-rs (None: no table) — read once, and again
+        only after this target writes (:meth:`create`, :meth:`evolve`, :meth:`commit`,
+        :meth:`execute`): a merge's every question about the table costs one read of its log."""
+        if not self._snapshot_read:
+            self._snapshot, self._snapshot_read = open_table(self.path, self.storage_options), True
+        return self._snapshot
+
+    def _wrote(self) -> None:
+        self._snapshot, self._snapshot_read = None, False
+
     def applied_lsn(self, version: int | None = None) -> int | None:
-        return applied_lsn(self.path, self.app, self.storage_options, version)
+        if version is not None:
+            return applied_lsn(self.path, self.app, self.storage_options, version)
+        table = self.snapshot()
+        return None if table is None else table.transaction_version(self.app)
 
     def exists(self) -> bool:
-        return delta_table_exists(self.path, self.storage_options)
+        return self.snapshot() is not None
 
     def read(self, version: int | None = None) -> DataFrame:
         """The table, at ``version`` (Delta's time travel) or its latest."""
@@ -150,6 +167,9 @@ class DeltaTarget:
 
     def version(self) -> int:
         return self._table().version()
+
+    def data_files(self) -> int:
+        return data_files(self._table())
 
     def last_commit(self) -> tuple[int, dict[str, int]]:
         """The table's version and the operation metrics Delta recorded for its latest commit (one
@@ -164,7 +184,7 @@ class DeltaTarget:
         vectors), and a batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without
         generated code — both cost a tiny MERGE more than the bytes they save (docs/architecture.md,
         "Small tables")."""
-        table = open_table(self.path, self.storage_options) if self.small_table_bytes else None
+        table = self.snapshot() if self.small_table_bytes else None
         if table is None or data_bytes(table) >= self.small_table_bytes:
             return {}
         settings = {MERGE_DELETION_VECTORS: "false"}
@@ -173,7 +193,7 @@ class DeltaTarget:
         return settings
 
     def _table(self) -> RustDeltaTable:
-        table = open_table(self.path, self.storage_options)
+        table = self.snapshot()
         if table is None:
             raise StorageError(f"no Delta table at {self.path}")
         return table
@@ -190,11 +210,14 @@ class DeltaTarget:
         writer = empty.write.format("delta").mode("overwrite")
         for key, value in self.table_properties.items():
             writer = writer.option(key, value)
-        writer.save(self.path)
+        try:
+            writer.save(self.path)
+        finally:
+            self._wrote()
 
     def schema_change(self, columns: pa.Schema) -> SchemaChange:
         """What must change so the table has exactly ``columns`` (plus the metadata columns)."""
-        current = {f.name: f.dataType for f in self.read().schema.fields}
+        current = {f.name: f.dataType for f in self.spark_schema().fields}
         wanted = {f.name: f.type for f in columns}
         add = [(name, kind) for name, kind in wanted.items() if name not in current]
         drop = [name for name in current if name not in wanted and name not in METADATA_COLUMNS]
@@ -205,9 +228,20 @@ class DeltaTarget:
         after = {name: order[order.index(name) - 1] if order.index(name) else None for name, _ in add}
         return SchemaChange(add, drop, retype, after)
 
+    def spark_schema(self) -> T.StructType:
+        """The table's columns in Spark types, from its Delta log (Delta stores Spark's schema JSON;
+        the fields' metadata, such as column mapping's, left out as a read of the table does)."""
+        return T.StructType.fromJson(_without_metadata(json.loads(self._table().schema().to_json())))
+
     def evolve(self, change: SchemaChange) -> None:
         """Apply a schema change: ADD / DROP COLUMN in place (column mapping), a changed type by
         rewriting the column with a cast (Delta readers do not support type widening)."""
+        try:
+            self._evolve(change)
+        finally:
+            self._wrote()
+
+    def _evolve(self, change: SchemaChange) -> None:
         for name, kind in change.add:
             if name not in change.after:
                 position = ""  # at the end
@@ -252,12 +286,20 @@ class DeltaTarget:
         for key, value in settings.items():
             conf.set(key, value)
         try:
-            rows = self.spark.sql(statement(view)).collect()
+            rows = self.execute(statement(view))
         finally:
             for key in settings:
                 conf.unset(key)
             self.spark.catalog.dropTempView(view)
         return {name: int(value) for name, value in rows[0].asDict().items()} if rows else {}
+
+    def execute(self, statement: str) -> list[Row]:
+        """Run a Delta SQL statement that may write this table (a commit's, or maintenance's:
+        ``OPTIMIZE``, ``REORG``, ``VACUUM``); its result rows."""
+        try:
+            return self.spark.sql(statement).collect()
+        finally:
+            self._wrote()
 
 
 def delta_schema(columns: pa.Schema) -> T.StructType:
@@ -268,6 +310,13 @@ def delta_schema(columns: pa.Schema) -> T.StructType:
         T.StructField(DeltaColumn.COMMIT_TIME, T.TimestampType(), True),
     ]
     return T.StructType(fields)
+
+
+def _without_metadata(schema: Any) -> Any:
+    """A Delta schema's JSON without its fields' metadata, at every depth."""
+    if isinstance(schema, dict):
+        return {key: _without_metadata(value) for key, value in schema.items() if key != "metadata"}
+    return [_without_metadata(item) for item in schema] if isinstance(schema, list) else schema
 
 
 def backquote(name: str) -> str:

@@ -150,13 +150,17 @@ class MaintenanceConfig:
     ``compact_min_files``: OPTIMIZE when the table has at least this many data files (0: never);
     ``zorder``: order compacted files by the first key column; ``purge_min_deletion_vectors``:
     ``REORG … APPLY (PURGE)`` when at least this many files carry deletion vectors (0: never);
-    ``vacuum_retention_hours``: VACUUM's retention (0: no VACUUM), never below Delta's check."""
+    ``vacuum_retention_hours``: VACUUM's retention (0: no VACUUM), never below Delta's check;
+    ``follow_compact_files``: a following drain that merges compacts a table (OPTIMIZE) right after
+    the merge that leaves it with at least this many data files (0: never) — a table merged every
+    few seconds gains hundreds of files an hour, and its MERGEs slow down with them."""
 
     cron: str = setting("0 * * * *", "cron")
     compact_min_files: int = setting(8, "count")
     zorder: bool = setting(False, "flag")
     purge_min_deletion_vectors: int = setting(8, "count")
     vacuum_retention_hours: int = setting(DELTA_MIN_RETENTION_HOURS, "vacuum_hours")
+    follow_compact_files: int = setting(64, "count")
 
 
 @dataclass(slots=True, frozen=True)

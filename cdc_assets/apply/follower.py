@@ -12,9 +12,11 @@ exactly what ``cdc-assets apply`` does for the table, under the table's write lo
 Dagster pool orders a follower's merges. A merge that leaves its table with
 ``warehouse.maintenance.follow_compact_files`` data files or more is followed, under the same lock,
 by the table's compaction (:func:`~cdc_assets.apply.maintenance.compact_table`). A failed merge
-stops the follower, and the drain's next durable batch raises its error. Whenever the merges have caught up (nothing queued, nothing
-merging), the follower publishes the consistent point the tables make, if it is new
-(``warehouse.consistent_points``).
+stops the follower, and the drain's next durable batch raises its error. Whenever the merges have
+caught up (nothing queued, nothing merging), the follower publishes the consistent point the
+tables make, if it is new (``warehouse.consistent_points``). The callbacks that report merges,
+compactions and points run in order on a thread of their own, so a report (a Dagster event, the
+table's files read for its metadata, the lag check's query) never holds up the next merge.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
+from queue import SimpleQueue
 from types import TracebackType
 
 from pyspark.sql import SparkSession
@@ -69,6 +72,8 @@ class MergeFollower:
         self._closing = False
         self._finish = True
         self._error: BaseException | None = None
+        self._reports: SimpleQueue[Callable[[], None] | None] = SimpleQueue()  # None: no more
+        self._reporter = threading.Thread(target=self._report_all, name="merge-reports", daemon=True)
         workers = max(1, min(config.spark.parallel_merges, len(config.tables)))
         self._threads = [threading.Thread(target=self._look, name="merge-follower", daemon=True)] + [
             threading.Thread(target=self._work, args=(workers > 1,), name=f"merge-{i}", daemon=True)
@@ -76,6 +81,7 @@ class MergeFollower:
         ]
 
     def __enter__(self) -> MergeFollower:
+        self._reporter.start()
         for thread in self._threads:
             thread.start()
         self._changed.set()  # the first look merges every table the log holds changes for
@@ -100,6 +106,8 @@ class MergeFollower:
             self._lock.notify_all()
         for thread in self._threads[1:]:
             thread.join()
+        self._reports.put(None)
+        self._reporter.join()  # every merge done is reported
         self._raise_failure()
 
     def _raise_failure(self) -> None:
@@ -182,15 +190,23 @@ class MergeFollower:
             if bound and (result.data_files or 0) >= bound:
                 compacted = compact_table(self._config, configured, session)
         if result.skipped is None:
-            self._on_applied(result)
-        if compacted is not None and self._on_compacted is not None:
-            self._on_compacted(compacted)
+            self._reports.put(lambda: self._on_applied(result))
+        if compacted is not None and (on_compacted := self._on_compacted) is not None:
+            self._reports.put(lambda: on_compacted(compacted))
 
     def _publish_point(self) -> None:
         """Every due table is merged: publish the consistent point the tables make, if new."""
         point = publish_point(self._config)
-        if not isinstance(point, str) and self._on_point is not None:
-            self._on_point(point)
+        if not isinstance(point, str) and (on_point := self._on_point) is not None:
+            self._reports.put(lambda: on_point(point))
+
+    def _report_all(self) -> None:
+        """Run the reports in the order they came, until told there are no more."""
+        while (report := self._reports.get()) is not None:
+            try:
+                report()
+            except BaseException as error:  # noqa: BLE001 - handed to the drain's thread, which raises it
+                self._failed(error)
 
     def _due(self) -> list[str]:
         """The configured tables whose checkpoint entry changed since the last look (at the first

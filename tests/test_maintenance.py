@@ -46,11 +46,9 @@ def spread_changes(mirror: Mirror, round_: int) -> None:
     )
 
 
-@pytest.mark.slow
-def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
-    pg: Database, spark: Any, tmp_path: Path
-) -> None:
-    maintenance = {"compact_min_files": 6, "purge_min_deletion_vectors": 1}
+def copied_mirror(pg: Database, spark: Any, tmp_path: Path, maintenance: dict[str, int]) -> Mirror:
+    """The 2,000-row table ``m`` set up and copied to Delta, with these maintenance settings (and
+    deletion vectors however small the table)."""
     mirror = Mirror(
         pg, tmp_path / "mirror", {TABLE: {}}, spark, warehouse={"maintenance": maintenance, "small_table_mb": 0}
     )
@@ -60,6 +58,15 @@ def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
     )
     mirror.setup()
     mirror.apply()
+    return mirror
+
+
+@pytest.mark.slow
+def test_maintain_compacts_purges_and_keeps_the_table_and_its_applied_lsn(
+    pg: Database, spark: Any, tmp_path: Path
+) -> None:
+    maintenance = {"compact_min_files": 6, "purge_min_deletion_vectors": 1}
+    mirror = copied_mirror(pg, spark, tmp_path, maintenance)
     for round_ in range(1, 5):
         spread_changes(mirror, round_)
         mirror.sync()
@@ -118,15 +125,7 @@ def test_a_follower_compacts_a_table_once_its_merges_leave_it_with_follow_compac
     is followed by an OPTIMIZE of that table alone (reported, under its write lock): fewer files,
     no deletion vector, the applied LSN kept, the table equal to its source."""
     maintenance = {"follow_compact_files": 4, "compact_min_files": 0, "purge_min_deletion_vectors": 0}
-    mirror = Mirror(
-        pg, tmp_path / "mirror", {TABLE: {}}, spark, warehouse={"maintenance": maintenance, "small_table_mb": 0}
-    )
-    mirror.sql(
-        "CREATE TABLE m (id int PRIMARY KEY, v text, n int)",
-        "INSERT INTO m SELECT i, 'row ' || i, i FROM generate_series(1, 2000) i",
-    )
-    mirror.setup()
-    mirror.apply()
+    mirror = copied_mirror(pg, spark, tmp_path, maintenance)
     path = mirror.path(TABLE)
     assert table_files(path).files < 4
     merged: list[TableApplied] = []

@@ -13,7 +13,8 @@ the original did, on a classic ``local[2]`` session with the run's Spark setting
 No PostgreSQL is needed. Printed per merge: its wall time, Delta's ``executionTimeMs``, rows
 updated, files added and deletion vectors written; then the medians of the merges after the first
 ten (the JIT's warm-up): the wall time, and the time outside Delta's execution of the statement
-(the client's reads of the log and the change log, planning, round trips). Compare two settings with ``farm-bench --vs``, which alternates them.
+(the client's reads of the log and the change log, planning, round trips). Compare two settings
+with ``farm-bench --vs``, which alternates them.
 """
 
 from __future__ import annotations

@@ -30,13 +30,17 @@ class TableFiles:
 
 def data_bytes(table: RustDeltaTable) -> int:
     """The bytes of ``table``'s data files as of its loaded version."""
-    sizes = pa.table(table.get_add_actions(flatten=True).select(["size_bytes"])).column("size_bytes")
-    return pc.sum(sizes).as_py() or 0
+    return pc.sum(_file_sizes(table)).as_py() or 0
 
 
 def data_files(table: RustDeltaTable) -> int:
     """How many data files ``table``'s loaded version has."""
-    return len(pa.table(table.get_add_actions(flatten=True).select(["size_bytes"])))
+    return len(_file_sizes(table))
+
+
+def _file_sizes(table: RustDeltaTable) -> pa.ChunkedArray:
+    """The size of each of ``table``'s data files as of its loaded version."""
+    return pa.table(table.get_add_actions(flatten=True).select(["size_bytes"])).column("size_bytes")
 
 
 def table_files(path: str, storage_options: dict[str, str] | None = None) -> TableFiles:

@@ -79,7 +79,7 @@ def main() -> int:
     targets = [
         json.loads(commit["userMetadata"])[APPLIED_KEY]
         for commit in commits(original)
-        if commit["version"] > args.from_version
+        if commit["version"] > args.from_version and "userMetadata" in commit  # not maintenance's
     ][: args.merges]
 
     spark_conf = {k: v for k, v in document["spark"].get("conf", {}).items() if k != "spark.ui.enabled"}

@@ -66,8 +66,8 @@ from cdc_assets.stream.protocol import (
 HEADER = struct.Struct("<cqq")
 READY, BLOCK, POSITION, DONE, ERROR = b"R", b"B", b"P", b"D", b"E"
 BLOCK_BYTES = 4 << 20
-GATHER_SECONDS = 0.002
-"""How long a partial block waits for more messages before it is sent."""
+GATHER_SECONDS = 0.05
+"""How long a partial block gathers messages, from its first, before it is sent."""
 QUEUED_FRAMES = 16
 """Frames waiting for the drain; while they are this many, the socket is not read."""
 PARENT_CHECK_S = 0.2
@@ -221,6 +221,8 @@ class Stream:
         self._ends = array("q")
         self._data: list[bytes] = []
         self._size = 0
+        self._first_at = 0.0  # when the partial block's first message arrived
+        self._position: int | None = None  # the newest keepalive's position, until reported
         self.status(reply_requested=False)
 
     def status(self, *, reply_requested: bool) -> None:
@@ -232,14 +234,13 @@ class Stream:
 
     def receive(self) -> None:
         """Take what libpq holds, until it holds no whole message or a block is full and the drain
-        is behind. A block is sent when full, or when nothing more has arrived within
-        :data:`GATHER_SECONDS`: a block per socket read would make the drain pay a block's fixed
-        cost per message or two once it keeps pace with the server."""
+        is behind. A block is sent when full, or once :data:`GATHER_SECONDS` have passed since its
+        first message (:meth:`_gather`)."""
         pgconn = self.pgconn
         while not self.frames.full:
             size, data = pgconn.get_copy_data(1)
             if size == 0:
-                if self._lsns and select.select([pgconn.socket], [], [], GATHER_SECONDS)[0]:
+                if self._lsns and self._gather():
                     pgconn.consume_input()
                     continue
                 break
@@ -248,6 +249,8 @@ class Stream:
             kind = data[0]
             if kind == _XLOG_TYPE and size >= _HEADER_SIZE:
                 (lsn,) = _LSN_AT(data, 1)
+                if not self._lsns:
+                    self._first_at = time.monotonic()
                 message = bytes(data[_HEADER_SIZE:])
                 self._lsns.append(lsn)
                 self._size += len(message)
@@ -257,8 +260,9 @@ class Stream:
                     self._send_block()
             elif kind == _KEEPALIVE_TYPE and size == PRIMARY_KEEPALIVE.size:
                 _, wal_end, _, reply = PRIMARY_KEEPALIVE.unpack_from(data)
-                self._send_block()
-                self.frames.put(POSITION, wal_end)
+                self._position = wal_end
+                if not self._lsns:
+                    self._send_position()
                 if reply:
                     self.status(reply_requested=False)
             else:
@@ -266,10 +270,35 @@ class Stream:
                 raise _malformed(bytes(data))
         self._send_block()
 
+    def _gather(self) -> bool:
+        """Whether more of the stream can join the partial block: what the socket holds already,
+        else what arrives while the block's gathering time is slept out. Sleeping instead of
+        waiting on the socket lets the messages of a light stream (a transaction every few
+        milliseconds) pile up, so that neither this loop nor the drain wakes per message: a block
+        per transaction or two would make them pay a block's fixed cost that often."""
+        if select.select([self.pgconn.socket], [], [], 0)[0]:
+            return True
+        left = self._first_at + GATHER_SECONDS - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(left)
+        return True
+
     def _send_block(self) -> None:
+        """The partial block, then the position of the keepalives that came with its messages."""
         if self._lsns:
             self.frames.put(BLOCK, len(self._lsns), self._size, self._lsns, self._ends, b"".join(self._data))
             self._lsns, self._ends, self._data, self._size = array("q"), array("q"), [], 0
+        self._send_position()
+
+    def _send_position(self) -> None:
+        """A ``P`` frame with the position of the newest keepalive not reported yet (every message
+        before it is in the blocks already put). The server sends one whenever it has sent all the
+        WAL there is — after each transaction of a light stream: a frame, and a block cut short,
+        per transaction, were the drain's largest cost at a few hundred transactions a second."""
+        if self._position is not None:
+            self.frames.put(POSITION, self._position)
+            self._position = None
 
     def stop(self) -> None:
         """CopyDone, then wait for the server's end of the copy and of the command."""

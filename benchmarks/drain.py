@@ -1,8 +1,8 @@
 """Drain benchmark: the drain's rate against pg_recvlogical, and peak memory on one huge transaction.
 
-    python benchmarks/drain.py [--pg 16] [--part all|rate|rss] [--transactions 260000] [--repeat 3]
+    python benchmarks/drain.py [--pg 16] [--part all|rate|rss|light] [--transactions 260000] [--repeat 3]
                                [--rows 2000000] [--batch-changes N] [--big-batch N] [--profile]
-                               [--json out.json]
+                               [--light-rate 520] [--light-seconds 60] [--json out.json]
 
 rate: ``pgbench -i``, then ``cdc_assets.pipeline.setup.setup`` of one slot and change log per measurement
       (same publication ``bench_pub`` on the four pgbench tables), all before the load, so that
@@ -25,9 +25,8 @@ rate: ``pgbench -i``, then ``cdc_assets.pipeline.setup.setup`` of one slot and c
       ratio = drain changes/s / pg_recvlogical changes/s over the same range; the figure is the
       median of the rounds. Target: >= 0.9. Each drain also records the blocks the stream handed
       it (``SlotStream.next`` counted): the receiving child sends a block when it is full (8,192
-      messages or 4 MiB) or whenever libpq holds no whole message, so in practice a block is what
-      one read of the socket brought (up to ~200 pgbench messages; 1-2 when the child reads as
-      fast as the server sends), and each block has a cost of its own.
+      messages or 4 MiB) or once 50 ms have passed since its first message with libpq holding no
+      whole message and the socket nothing more, and each block has a cost of its own.
       A drain makes a batch durable every ``drain.commit_seconds`` (2 s by default) or
       ``source.batch_changes`` messages, whichever comes first, catching up or following.
       Then, to show where the time goes, one drain under phase timers (library methods wrapped
@@ -42,11 +41,19 @@ rss:  a 7-column table, two slots per mode (``source.streaming`` off and on), on
       before the child exits; its ``ru_maxrss`` would also count the drain's pages shared at the
       fork), the blocks and positions the stream handed it and the batches it made durable. The
       peak is the larger of the sampled sum and the two peaks added. Requirement: < 1 GiB.
+light: a following drain under a light steady load, what it costs in CPU: ``pgbench -i``, one
+      slot and change log (``drain.commit_seconds: 1``), ``python -m cdc_assets drain --follow``
+      as a subprocess, then ``pgbench -n -c 4 -j 2 -R <--light-rate> -T <--light-seconds>``; the
+      CPU seconds of the drain and its receiving child (psutil) over the load, as a share of one
+      core. At a few hundred transactions a second the
+      server sends a keepalive after each one: what a block and a frame cost, paid per
+      transaction, is what this part shows.
 
 Full-size runs (a quiet machine):
 
     python benchmarks/drain.py --pg 16 --part rate --json drain_rate.json
     python benchmarks/drain.py --pg 16 --part rss --json drain_rss.json
+    python benchmarks/drain.py --pg 16 --part light --json drain_light.json
 """
 
 from __future__ import annotations
@@ -608,13 +615,61 @@ def part_rss(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         cluster.stop()
 
 
+# -- light ------------------------------------------------------------------------------------
+
+
+def part_light(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    cluster = common.start_cluster(args.pg)
+    try:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]
+            print(f"[light] PostgreSQL {version}; pgbench -i -s {args.scale}", flush=True)
+            common.pgbench(cluster, "-i", "-q", "-s", str(args.scale))
+            path = write_config(workdir / "light", cluster.dsn(), "bench_light", PGBENCH_TABLES).path
+            assert path is not None
+            document = json.loads(path.read_text(encoding="utf-8"))
+            path.write_text(json.dumps(document | {"drain": {"commit_seconds": 1}}), encoding="utf-8")
+            setup(load_config(path))
+            follow_s = args.light_seconds + 60
+            log = workdir / "light" / "drain.log"
+            command = [sys.executable, "-m", "cdc_assets", "drain", "--follow", str(follow_s), "-c", str(path)]
+            follower = common.started(command, dict(os.environ), log, common.ROOT)
+            try:
+                deadline = time.monotonic() + 120
+                while not conn.execute(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = 'bench_light'"
+                ).fetchone()[0]:
+                    if follower.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"the following drain did not start: {log.read_text()[-2000:]}")
+                    time.sleep(0.2)
+                process = psutil.Process(follower.pid)
+                load = ["-n", "-c", "4", "-j", "2", "-R", str(args.light_rate), "-T", str(args.light_seconds)]
+                print(f"[light] drain --follow {follow_s}; pgbench {' '.join(load)}", flush=True)
+                cpu_before, started = common.tree_cpu_s(process), time.monotonic()
+                common.pgbench(cluster, *load)
+                cpu_s, seconds = common.tree_cpu_s(process) - cpu_before, time.monotonic() - started
+            finally:
+                common.stop(follower)
+    finally:
+        cluster.stop()
+    result = {
+        "server_version": version,
+        "rate": args.light_rate,
+        "seconds": round(seconds, 1),
+        "cpu_s": round(cpu_s, 2),
+        "cores": round(cpu_s / seconds, 3),
+    }
+    print(f"[light] drain and child: {result['cores']:.3f} of a core at {args.light_rate} tx/s", flush=True)
+    return result
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg", type=int, default=16, choices=(15, 16, 18))
-    parser.add_argument("--part", choices=("all", "rate", "rss"), default="all")
+    parser.add_argument("--part", choices=("all", "rate", "rss", "light"), default="all")
     parser.add_argument(
         "--transactions", type=int, default=260_000, help="pgbench transactions in total (4 changes each)"
     )
@@ -635,6 +690,8 @@ def main() -> int:
         "--big-batch", type=int, default=10_000_000, help="batch_changes of the informative extra drain"
     )
     parser.add_argument("--profile", action="store_true", help="profile one extra drain (cProfile)")
+    parser.add_argument("--light-rate", type=int, default=520, help="light: pgbench -R (transactions/s)")
+    parser.add_argument("--light-seconds", type=int, default=60, help="light: pgbench -T (seconds)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
@@ -649,6 +706,8 @@ def main() -> int:
             results["rate"] = part_rate(args, workdir)
         if args.part in ("all", "rss"):
             results["rss"] = part_rss(args, workdir)
+        if args.part in ("all", "light"):
+            results["light"] = part_light(args, workdir)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -232,15 +232,15 @@ class Stream:
         self.pgconn.flush()
         self.last_status = time.monotonic()
 
-    def receive(self) -> None:
+    def receive(self, requests_fd: int) -> None:
         """Take what libpq holds, until it holds no whole message or a block is full and the drain
-        is behind. A block is sent when full, or once :data:`GATHER_SECONDS` have passed since its
-        first message (:meth:`_gather`)."""
+        is behind. A block is sent when full, once :data:`GATHER_SECONDS` have passed since its
+        first message, or when a request arrives on ``requests_fd`` meanwhile (:meth:`_gather`)."""
         pgconn = self.pgconn
         while not self.frames.full:
             size, data = pgconn.get_copy_data(1)
             if size == 0:
-                if self._lsns and self._gather():
+                if self._lsns and self._gather(requests_fd):
                     pgconn.consume_input()
                     continue
                 break
@@ -270,19 +270,18 @@ class Stream:
                 raise _malformed(bytes(data))
         self._send_block()
 
-    def _gather(self) -> bool:
+    def _gather(self, requests_fd: int) -> bool:
         """Whether more of the stream can join the partial block: what the socket holds already,
-        else what arrives while the block's gathering time is slept out. Sleeping instead of
-        waiting on the socket lets the messages of a light stream (a transaction every few
-        milliseconds) pile up, so that neither this loop nor the drain wakes per message: a block
-        per transaction or two would make them pay a block's fixed cost that often."""
+        else what arrives while the rest of the block's gathering time passes — unless the drain
+        sends a request meanwhile (a flushed position is reported to the server at once). Waiting
+        on the requests alone, not on the socket, lets the messages of a light stream (a
+        transaction every few milliseconds) pile up, so that neither this loop nor the drain
+        wakes per message: a block per transaction or two would make them pay a block's fixed
+        cost that often."""
         if select.select([self.pgconn.socket], [], [], 0)[0]:
             return True
         left = self._first_at + GATHER_SECONDS - time.monotonic()
-        if left <= 0:
-            return False
-        time.sleep(left)
-        return True
+        return left > 0 and not select.select([requests_fd], [], [], left)[0]
 
     def _send_block(self) -> None:
         """The partial block, then the position of the keepalives that came with its messages."""
@@ -340,7 +339,7 @@ def follow(stream: Stream, requests: Requests) -> None:
         if sock in ready:
             stream.pgconn.consume_input()
         if not stream.frames.full:
-            stream.receive()
+            stream.receive(requests.fd)
         for request in requests.take() if requests.fd in ready else []:
             if request.get("stop"):
                 stream.stop()

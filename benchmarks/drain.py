@@ -134,6 +134,14 @@ def write_config(
     return load_config(path)
 
 
+def pgbench_initialized(conn: psycopg.Connection[Any], cluster: Any, scale: int, part: str) -> str:
+    """``pgbench -i -s <scale>`` on the cluster; its server's version."""
+    version: str = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+    print(f"[{part}] PostgreSQL {version}; pgbench -i -s {scale}", flush=True)
+    common.pgbench(cluster, "-i", "-q", "-s", str(scale))
+    return version
+
+
 def folder_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -342,9 +350,7 @@ def part_rate(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     cluster = common.start_cluster(args.pg)
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]
-            print(f"[rate] PostgreSQL {version}; pgbench -i -s {args.scale}", flush=True)
-            common.pgbench(cluster, "-i", "-q", "-s", str(args.scale))
+            version = pgbench_initialized(conn, cluster, args.scale, "rate")
 
             def make(name: str, batch: int | None = args.batch_changes) -> Config:
                 config = write_config(
@@ -622,9 +628,7 @@ def part_light(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     cluster = common.start_cluster(args.pg)
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]
-            print(f"[light] PostgreSQL {version}; pgbench -i -s {args.scale}", flush=True)
-            common.pgbench(cluster, "-i", "-q", "-s", str(args.scale))
+            version = pgbench_initialized(conn, cluster, args.scale, "light")
             path = write_config(workdir / "light", cluster.dsn(), "bench_light", PGBENCH_TABLES).path
             assert path is not None
             document = json.loads(path.read_text(encoding="utf-8"))

@@ -294,7 +294,7 @@ class Stream:
         """A ``P`` frame with the position of the newest keepalive not reported yet (every message
         before it is in the blocks already put). The server sends one whenever it has sent all the
         WAL there is — after each transaction of a light stream: a frame, and a block cut short,
-        per transaction, were the drain's largest cost at a few hundred transactions a second."""
+        per transaction would be the drain's largest cost at a few hundred transactions a second."""
         if self._position is not None:
             self.frames.put(POSITION, self._position)
             self._position = None

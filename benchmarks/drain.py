@@ -45,9 +45,8 @@ light: a following drain under a light steady load, what it costs in CPU: ``pgbe
       slot and change log (``drain.commit_seconds: 1``), ``python -m cdc_assets drain --follow``
       as a subprocess, then ``pgbench -n -c 4 -j 2 -R <--light-rate> -T <--light-seconds>``; the
       CPU seconds of the drain and its receiving child (psutil) over the load, as a share of one
-      core. At a few hundred transactions a second the
-      server sends a keepalive after each one: what a block and a frame cost, paid per
-      transaction, is what this part shows.
+      core. At a few hundred transactions a second the server sends a keepalive after each one:
+      what a block and a frame cost, paid per transaction, is what this part shows.
 
 Full-size runs (a quiet machine):
 
@@ -117,7 +116,13 @@ FROM generate_series(1, %s) AS g"""
 
 
 def write_config(
-    folder: Path, dsn: str, slot: str, tables: list[str], streaming: str = "off", batch_changes: int | None = None
+    folder: Path,
+    dsn: str,
+    slot: str,
+    tables: list[str],
+    streaming: str = "off",
+    batch_changes: int | None = None,
+    commit_seconds: float | None = None,
 ) -> Config:
     folder.mkdir(parents=True, exist_ok=True)
     source: dict[str, Any] = {"dsn": dsn, "publication": PUBLICATION, "slot": slot, "streaming": streaming}
@@ -129,6 +134,8 @@ def write_config(
         "warehouse": {"path": str(folder / "warehouse")},
         "tables": {name: {} for name in tables},
     }
+    if commit_seconds is not None:
+        text["drain"] = {"commit_seconds": commit_seconds}
     path = folder / "cdc.yaml"
     path.write_text(json.dumps(text, indent=2), encoding="utf-8")  # JSON is YAML
     return load_config(path)
@@ -629,14 +636,11 @@ def part_light(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
             version = pgbench_initialized(conn, cluster, args.scale, "light")
-            path = write_config(workdir / "light", cluster.dsn(), "bench_light", PGBENCH_TABLES).path
-            assert path is not None
-            document = json.loads(path.read_text(encoding="utf-8"))
-            path.write_text(json.dumps(document | {"drain": {"commit_seconds": 1}}), encoding="utf-8")
-            setup(load_config(path))
+            config = write_config(workdir / "light", cluster.dsn(), "bench_light", PGBENCH_TABLES, commit_seconds=1)
+            setup(config)
             follow_s = args.light_seconds + 60
             log = workdir / "light" / "drain.log"
-            command = [sys.executable, "-m", "cdc_assets", "drain", "--follow", str(follow_s), "-c", str(path)]
+            command = [sys.executable, "-m", "cdc_assets", "drain", "--follow", str(follow_s), "-c", str(config.path)]
             follower = common.started(command, dict(os.environ), log, common.ROOT)
             try:
                 deadline = time.monotonic() + 120

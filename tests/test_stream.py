@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from cdc_assets.errors import (
     SourceError,
     SourcePermissionError,
 )
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.decoder import PgoutputDecoder
 from cdc_assets.pgoutput.messages import BeginMessage, CommitMessage, InsertMessage, Message
 from cdc_assets.source import connect, drop_slot, read_slot
@@ -212,6 +214,49 @@ def test_ping_is_answered_with_the_servers_position(pg: Database, table_t: Sourc
                 frame = stream.next(timeout=10)
                 assert isinstance(frame, StreamPosition) and frame.lsn >= start
         assert confirmed_flush(conn, source.slot) == start
+
+
+def test_a_gathering_block_holds_a_light_streams_transactions_until_its_time_or_a_request(
+    pg: Database, table_t: SourceConfig
+) -> None:
+    """With ``gather_seconds`` a partial block stays open that long from its first message: the
+    transactions of a light stream (the server sends a keepalive after each) join it. A request
+    from the drain sends it at once. Without, a block is sent when nothing more has arrived."""
+    source = table_t
+    with pg.connect() as conn:
+        conn.autocommit = True
+        with SlotStream(conn, source, options_of(pg, source), 0, gather_seconds=5) as stream:
+            started = time.monotonic()
+            for i in range(20):
+                conn.execute("INSERT INTO t VALUES (%s)", (i,))
+            blocks = blocks_until_commits(stream, 20)
+            assert time.monotonic() - started >= 5
+        assert len(blocks) == 1
+
+        with SlotStream(conn, source, options_of(pg, source), 0, gather_seconds=600) as stream:
+            conn.execute("INSERT INTO t VALUES (20)")
+            end = current_wal_lsn(conn)
+            sent = "SELECT sent_lsn >= %s::pg_lsn FROM pg_stat_replication WHERE pid = %s"
+            arguments = (format_lsn(end), stream.backend_pid)
+            wait_until(
+                lambda: one_row(conn.execute(sent, arguments))[0], timeout=FRAME_TIMEOUT_S, what="the insert sent"
+            )
+            while (frame := stream.next(timeout=1)) is not None:  # the block is held
+                assert isinstance(frame, StreamPosition), frame
+            stream.ping()
+            blocks_until_commits(stream, 21)  # the 20 before are sent again: nothing was confirmed
+
+        with SlotStream(conn, source, options_of(pg, source), 0) as stream:
+            conn.execute("INSERT INTO t VALUES (22)")
+            blocks_until_commits(stream, 22)  # nothing asked for them
+
+
+def blocks_until_commits(stream: SlotStream, commits: int) -> list[MessageBlock]:
+    """The stream's blocks until they hold ``commits`` Commit messages (positions are skipped)."""
+    blocks: list[MessageBlock] = []
+    while sum(isinstance(m, CommitMessage) for b in blocks for m in decoded(list(b.rows()))) < commits:
+        blocks.append(next_block(stream))
+    return blocks
 
 
 # --- the receiving child -------------------------------------------------------------------

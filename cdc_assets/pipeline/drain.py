@@ -43,7 +43,7 @@ from cdc_assets.source.connection import one_row
 from cdc_assets.source.slot_holders import HeldWal, read_held_wal
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.process import POOL as STREAM_CHILDREN
-from cdc_assets.stream.reader import SlotStream, StreamLostError
+from cdc_assets.stream.reader import GATHER_SECONDS, SlotStream, StreamLostError
 from cdc_assets.transactions import TransactionAssembler
 
 RECONNECT_SECONDS = (1.0, 2.0, 5.0, 10.0)
@@ -123,6 +123,7 @@ def drain(
                     options,
                     writer.checkpoint.lsn,
                     standby_wait_seconds=config.drain.standby_wait_seconds,
+                    gather_seconds=0.0 if deadline is None else GATHER_SECONDS,
                 ) as stream:
                     writer.follow(stream, target, upto_lsn, deadline)
                 break

@@ -13,7 +13,7 @@ module: it must not import the rest of the package (pyarrow is seconds of start-
 Requests come on standard input, one JSON object per line:
 
 * ``{"conninfo", "setup": [sql, …], "start": sql, "flushed": lsn, "status_seconds": s,
-  "block_rows": n}`` connects
+  "block_rows": n, "gather_seconds": s}`` connects
   (a replication connection), runs the setup statements, starts replication and reports the
   flushed position;
 * ``{"flushed": lsn}`` reports a new flushed position at once;
@@ -66,8 +66,6 @@ from cdc_assets.stream.protocol import (
 HEADER = struct.Struct("<cqq")
 READY, BLOCK, POSITION, DONE, ERROR = b"R", b"B", b"P", b"D", b"E"
 BLOCK_BYTES = 4 << 20
-GATHER_SECONDS = 0.05
-"""How long a partial block gathers messages, from its first, before it is sent."""
 QUEUED_FRAMES = 16
 """Frames waiting for the drain; while they are this many, the socket is not read."""
 PARENT_CHECK_S = 0.2
@@ -202,6 +200,7 @@ class Stream:
         self.flushed = int(request["flushed"])
         self.status_seconds = float(request["status_seconds"])
         self.block_rows = int(request["block_rows"])
+        self.gather_seconds = float(request["gather_seconds"])  # how long a partial block gathers
         try:
             self.conn = psycopg.connect(request["conninfo"], autocommit=True)
         except psycopg.Error as error:
@@ -234,8 +233,8 @@ class Stream:
 
     def receive(self, requests_fd: int) -> None:
         """Take what libpq holds, until it holds no whole message or a block is full and the drain
-        is behind. A block is sent when full, once :data:`GATHER_SECONDS` have passed since its
-        first message, or when a request arrives on ``requests_fd`` meanwhile (:meth:`_gather`)."""
+        is behind. A block is sent when full, once ``gather_seconds`` have passed since its first
+        message, or when a request arrives on ``requests_fd`` meanwhile (:meth:`_gather`)."""
         pgconn = self.pgconn
         while not self.frames.full:
             size, data = pgconn.get_copy_data(1)
@@ -280,7 +279,7 @@ class Stream:
         cost that often."""
         if select.select([self.pgconn.socket], [], [], 0)[0]:
             return True
-        left = self._first_at + GATHER_SECONDS - time.monotonic()
+        left = self._first_at + self.gather_seconds - time.monotonic()
         return left > 0 and not select.select([requests_fd], [], [], left)[0]
 
     def _send_block(self) -> None:

@@ -36,6 +36,8 @@ from cdc_assets.stream.process import POOL, ChildError, StreamChild
 QUEUED_FRAMES = 16
 BLOCK_ROWS = 8_192
 """Messages per block at most (a block also ends at 4 MiB, or when nothing more has arrived)."""
+GATHER_SECONDS = 0.05
+"""How long a following stream's partial block gathers messages, from its first, before it is sent."""
 STATUS_SECONDS = 10.0
 """How often the child reports the flushed position unasked (``wal_sender_timeout`` is 60 s by
 default; the server asks for a reply at half of it in any case)."""
@@ -63,7 +65,10 @@ class SlotStream:
     (:func:`~cdc_assets.stream.options.pgoutput_options`). The stream starts in the constructor and
     reports ``start_lsn`` as flushed at once (0 reports nothing). A stream whose position stands
     still for ``standby_wait_seconds`` while its walsender waits for ``synchronized_standby_slots``
-    raises :class:`~cdc_assets.errors.StandbyWaitError`.
+    raises :class:`~cdc_assets.errors.StandbyWaitError`. A partial block is sent once nothing
+    more has arrived, or, with ``gather_seconds`` (a following drain: :data:`GATHER_SECONDS`), once
+    that long has passed since its first message — so that a light stream does not send a block
+    per transaction; a drain that ends once caught up would wait that long for its last block.
     """
 
     def __init__(
@@ -76,6 +81,7 @@ class SlotStream:
         status_seconds: float = STATUS_SECONDS,
         settings: dict[str, str] | None = None,
         standby_wait_seconds: float = default(DrainConfig, "standby_wait_seconds"),
+        gather_seconds: float = 0.0,
     ) -> None:
         self.command = start_replication_command(config.slot, start_lsn, options)
         require_replication_role(conn)  # else the connection is refused with nothing to diagnose
@@ -105,6 +111,7 @@ class SlotStream:
                 "flushed": start_lsn,
                 "status_seconds": status_seconds,
                 "block_rows": BLOCK_ROWS,
+                "gather_seconds": gather_seconds,
             }
         )
         if isinstance(started, ChildError):

@@ -5,12 +5,18 @@ parametrized over every version in ``CDC_TEST_PG_VERSIONS`` (default ``15,16,18`
 other than the default are in the slow tier, so the quick tier runs each such test once). Each test gets
 its own database; its replication slots and the database are dropped afterwards. ``bucket`` is a
 new bucket on a real S3 API server (moto's, one per test run, started on first use).
+
+A run started in the background of a script (``nohup``, ``cmd &``) inherits SIGINT ignored;
+Dagster gives SIGTERM the handler SIGINT has, so the processes a run in this process starts
+(its compute-log tails) would ignore the SIGTERM that ends them, and each run would wait out
+Dagster's 30-second timeouts. Python's own SIGINT handler is put back first.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +32,9 @@ ALL_VERSIONS = [int(v) for v in os.environ.get("CDC_TEST_PG_VERSIONS", "15,16,18
 DEFAULT_VERSION = int(os.environ.get("CDC_TEST_PG", "16"))
 
 _bucket_numbers = itertools.count()
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -254,8 +254,10 @@ def test_a_gathering_block_holds_a_light_streams_transactions_until_its_time_or_
 def blocks_until_commits(stream: SlotStream, commits: int) -> list[MessageBlock]:
     """The stream's blocks until they hold ``commits`` Commit messages (positions are skipped)."""
     blocks: list[MessageBlock] = []
-    while sum(isinstance(m, CommitMessage) for b in blocks for m in decoded(list(b.rows()))) < commits:
-        blocks.append(next_block(stream))
+    received = 0
+    while received < commits:
+        blocks.append(block := next_block(stream))
+        received += sum(isinstance(m, CommitMessage) for m in decoded(list(block.rows())))
     return blocks
 
 

@@ -597,6 +597,45 @@ def test_schema_changes(pg: Database, tmp_path: Path, workload: XidRecorder) -> 
     assert_transactions_log(pipe, w.xids)
 
 
+def test_a_domain_column_keeps_its_base_type_across_a_reconnect(pg: Database, tmp_path: Path) -> None:
+    """A domain's Type message names its base type (``int4``), not the domain; after the walsender
+    is ended, the following drain's new session receives it again with the Relation message. The
+    column's type still comes from ``pg_type``: every segment has ``score`` as int32 (it used to
+    turn into text after the reconnect, and the apply then rewrote the Delta column as a string)."""
+    pg.execute("CREATE DOMAIN posint AS integer CHECK (value > 0)")
+    pg.execute("CREATE TABLE scores (id int PRIMARY KEY, score posint, scores posint[])")
+    pipe = Pipeline(pg, tmp_path, ["public.scores"])
+    pipe.setup()
+    follower = pipe.popen("drain", "--follow", "600")
+    try:
+        for n in range(3):  # the last two after a reconnect each
+            pg.execute("INSERT INTO scores VALUES (%s, %s, ARRAY[%s]::posint[])", (n, n + 1, n + 1))
+            flushed = pipe.flush_lsn()
+            wait_until(
+                lambda f=flushed: follower.poll() is not None or pipe.checkpoint().lsn >= f, 60, "a durable insert"
+            )
+            pid = wait_until(lambda: follower.poll() is not None or _walsender_pid(pg), 60, "a walsender")
+            pg.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            wait_until(
+                lambda p=pid: follower.poll() is not None or _walsender_pid(pg) not in (None, p), 60, "a reconnect"
+            )
+        follower.send_signal(signal.SIGTERM)  # ends with a last durable batch
+        out, err = follower.communicate(timeout=60)
+        assert follower.returncode == 130, (out, err)
+        assert err.count("reconnecting") == 3, err
+    finally:
+        follower.kill()
+        follower.wait()
+    types = {str(pq.read_schema(path).field("new").type) for path in (tmp_path / "changelog").glob("tables/*/*")}
+    assert types == {"struct<id: int32, score: int32, scores: list<element: int32>>"}, types
+    pipe.assert_mirrors()
+
+
+def _walsender_pid(pg: Database, slot: str = "cdc_slot") -> int | None:
+    rows = pg.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+    return rows[0][0] if rows else None
+
+
 # --- small batches ----------------------------------------------------------------------------
 
 

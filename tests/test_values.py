@@ -797,9 +797,14 @@ def test_type_messages_do_not_hide_catalog_entries() -> None:
     catalog = TypeCatalog.of([PgTypeInfo(MOOD, "public", "mood", "e")])
     catalog.note_type_message(MOOD, "public", "mood")
     assert catalog.get(MOOD) == PgTypeInfo(MOOD, "public", "mood", "e")
-    catalog.note_type_message(MOOD, "public", "feeling")  # the OID now names another type
-    assert catalog.get(MOOD) == PgTypeInfo(MOOD, "public", "feeling", "u")
+    catalog.note_type_message(MOOD, "public", "feeling")  # renamed: the same type, the same OID
+    assert catalog.get(MOOD) == PgTypeInfo(MOOD, "public", "mood", "e")
+    posint = PgTypeInfo(30_000, "public", "posint", "d", base_oid=23)
+    catalog.add(posint)
+    catalog.note_type_message(30_000, "", "int4")  # a domain's message names its base type
+    assert catalog.get(30_000) == posint
+    assert catalog.unresolved([MOOD, 30_000, 20_000]) == [20_000]
     catalog.note_type_message(20_000, "ext", "thing")
-    assert 20_000 in catalog and len(catalog) == 2
+    assert 20_000 in catalog and len(catalog) == 3
     assert column_converter(20_000, -1, catalog).arrow_type == pa.string()
     assert not column_converter(20_000, -1, catalog).binary_supported

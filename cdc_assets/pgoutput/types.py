@@ -101,10 +101,14 @@ class TypeCatalog:
         self._types[info.oid] = info
 
     def note_type_message(self, oid: int, namespace: str, name: str) -> None:
-        """Record a pgoutput Type message; a full entry for the same type is kept as it is."""
-        known = self._types.get(oid)
-        if known is None or (known.namespace, known.name) != (namespace, name):
-            self._types[oid] = PgTypeInfo(oid, namespace, name, CATEGORY_UNKNOWN)
+        """Record a pgoutput Type message for a type not known yet. An entry read from ``pg_type``
+        is kept as it is: a domain's message names its base type, not the domain, and a type keeps
+        its OID through a rename."""
+        self._types.setdefault(oid, PgTypeInfo(oid, namespace, name, CATEGORY_UNKNOWN))
+
+    def unresolved(self, oids: Iterable[int]) -> list[int]:
+        """The OIDs among ``oids`` that have no entry read from ``pg_type``."""
+        return [oid for oid in oids if (info := self._types.get(oid)) is None or info.category == CATEGORY_UNKNOWN]
 
     def get(self, oid: int) -> PgTypeInfo | None:
         return self._types.get(oid)

@@ -140,15 +140,12 @@ def relation_describer(
             message.replica_identity,
             tuple((c.flags, c.name, c.type_oid, c.type_modifier) for c in message.columns),
         )
+        missing = catalog.unresolved(c.type_oid for c in message.columns if c.type_oid >= FIRST_GENBKI_OID)
+        if missing:  # looked at for every message: a column's type always comes from pg_type
+            for info in load_type_catalog(conn, missing):
+                catalog.add(info)
         schema = cache.get(key)
         if schema is None:
-            user_types = [c.type_oid for c in message.columns if c.type_oid >= FIRST_GENBKI_OID]
-            missing = [
-                oid for oid in user_types if (known_type := catalog.get(oid)) is None or known_type.category == "u"
-            ]
-            if missing:
-                for info in load_type_catalog(conn, missing):
-                    catalog.add(info)
             ndims = column_ndims(conn, message.relation_oid)
             schema = RelationSchema.from_message(message, ndims)
             previous = known.get(schema.qualified_name)

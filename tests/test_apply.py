@@ -21,8 +21,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from cdc_assets.apply.column_types import ColumnTypeError
 from cdc_assets.apply.merge import _key_bounds, write_plan
 from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
 from cdc_assets.apply.runner import delta_target
@@ -642,6 +645,78 @@ def test_column_types(mirror_of) -> None:  # type: ignore[no-untyped-def]
     assert full_row["iv"] == {"months": 14, "days": 3, "microseconds": 14706500000}
     assert full_row["ttz"] == "12:34:56.500000-08:00" and full_row["t"] == "23:59:59.999999"
     assert full_row["a2"] == [["a", "b"], ["c d", None]]
+
+
+def test_a_column_is_retyped_only_when_its_source_type_changes(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """A change-log segment whose ``score`` (a domain over integer) was decoded as text while the
+    source type stayed the same — what a drain that lost the domain's base type wrote — is refused:
+    the table is stopped with an error naming the column, both types and the LSN, its Delta table
+    keeps its type and data, and the other table is applied. A copy of the table repairs it. A
+    type the source changed (``ALTER COLUMN … TYPE``) still reaches Delta."""
+    mirror = mirror_of(
+        {"public.acc": {}, "public.other": {}},
+        "CREATE DOMAIN posint AS integer CHECK (value > 0)",
+        "CREATE TABLE acc (id int PRIMARY KEY, score posint)",
+        "CREATE TABLE other (id int PRIMARY KEY, v text)",
+        "INSERT INTO acc VALUES (1, 10), (2, 20)",
+    )
+    mirror.setup()
+    mirror.apply()
+    mirror.sql("INSERT INTO acc VALUES (3, 30)", "INSERT INTO other VALUES (1, 'one')")
+    mirror.drain()
+    end_lsn = _retype_newest_segment(mirror, "public.acc", "score", pa.string())
+    version = mirror.version("public.acc")
+    with pytest.raises(ColumnTypeError) as refused:
+        mirror.apply()
+    message = str(refused.value)
+    assert f"public.acc: column score would change type from int to string at LSN {format_lsn(end_lsn)}" in message
+    assert "its source type (type OID" in message and "cdc-assets snapshot public.acc" in message
+    assert mirror.version("public.acc") == version and delta_types(mirror, "public.acc")["score"] == "int"
+    mirror.check("public.other")
+
+    copied = mirror.cli("snapshot", "public.acc")
+    assert copied.returncode == 0, copied.stderr
+    mirror.sync()
+    mirror.check("public.acc")
+    assert delta_types(mirror, "public.acc")["score"] == "int"
+    mirror.sql("ALTER TABLE acc ALTER COLUMN score TYPE bigint", "INSERT INTO acc VALUES (4, 40)")
+    mirror.sync()
+    mirror.check("public.acc")
+    assert delta_types(mirror, "public.acc")["score"] == "bigint"
+
+
+def _retype_newest_segment(mirror: Mirror, table: str, column: str, kind: pa.DataType) -> int:
+    """Rewrite the newest change-log segment of ``table`` with ``column`` of its row images cast to
+    ``kind`` (its schema metadata, the source types, kept); the first record's end LSN."""
+    newest = max((Path(mirror.config().changelog.path) / "tables" / table).glob("*.parquet"))
+    segment = pq.read_table(newest)
+    for image in ("new", "old"):
+        struct = segment.column(image).combine_chunks()
+        fields = [pa.field(f.name, kind if f.name == column else f.type) for f in struct.type]
+        children = [struct.field(f.name).cast(f.type) for f in fields]
+        cast = pa.StructArray.from_arrays(children, fields=fields, mask=struct.is_null())
+        segment = segment.set_column(segment.schema.get_field_index(image), image, cast)
+    pq.write_table(segment.replace_schema_metadata(segment.schema.metadata), newest)
+    return int(segment.column("_cdc_end_lsn")[0].as_py())
+
+
+def test_a_table_whose_creation_was_killed_is_created_by_the_next_apply(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """What a kill during a Delta table's creation leaves — ``_delta_log/_staged_commits/``, empty,
+    a data file, no commit — is no table: the next apply creates it there (it used to fail with
+    TABLE_OR_VIEW_ALREADY_EXISTS at every run)."""
+    mirror = mirror_of(
+        {"public.items": {}}, "CREATE TABLE items (id int PRIMARY KEY, v text)", "INSERT INTO items VALUES (1, 'a')"
+    )
+    mirror.setup()
+    path = Path(mirror.path("public.items"))
+    (path / "_delta_log" / "_staged_commits").mkdir(parents=True)
+    (path / "part-00000-left-by-a-kill.snappy.parquet").write_bytes(b"PAR1")
+    assert mirror.applied("public.items") is None
+    mirror.apply()
+    mirror.check("public.items")
+    mirror.sql("INSERT INTO items VALUES (2, 'b')")
+    mirror.sync()
+    mirror.check("public.items")
 
 
 # -- the command line --------------------------------------------------------------------------------

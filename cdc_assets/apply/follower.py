@@ -9,7 +9,8 @@ merge reads the checkpoint when it starts, so it takes every batch durable by th
 queued behind a long merge are not held to the position of an older look. What a merge does is
 exactly what ``cdc-assets apply`` does for the table, under the table's write lock on the source
 (:class:`~cdc_assets.source.lock.TableWriteLock`), which the table's maintenance takes too: no
-Dagster pool orders a follower's merges. A merge that leaves its table with
+Dagster pool orders a follower's merges. While the source cannot be reached (a restart), a merge
+waits for the lock, trying again after the drain's reconnect pauses. A merge that leaves its table with
 ``warehouse.maintenance.follow_compact_files`` data files or more is followed, under the same lock,
 by the table's compaction (:func:`~cdc_assets.apply.maintenance.compact_table`). A failed merge
 stops the follower, and the drain's next durable batch raises its error. Whenever the merges have
@@ -21,6 +22,7 @@ table's files read for its metadata, the lag check's query) never holds up the n
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -40,6 +42,9 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError
 from cdc_assets.source.lock import TableWriteLock
+from cdc_assets.source.reconnect import Backoff, connection_lost
+
+log = logging.getLogger(__name__)
 
 
 class MergeFollower:
@@ -183,7 +188,9 @@ class MergeFollower:
         configured = self._config.table(table)
         bound = self._config.warehouse.maintenance.follow_compact_files
         compacted = None
-        with TableWriteLock(self._config.source, table):  # the table's maintenance waits, or this waits for it
+        with ExitStack() as held:
+            if not self._write_lock(table, held):
+                return  # stopping without finishing: this merge does not start
             reader = ChangeLogReader(changelog_store(self._config))
             checkpoint = reader.require_checkpoint()
             result = apply_table(self._config, configured, session, reader, checkpoint.lsn)
@@ -193,6 +200,27 @@ class MergeFollower:
             self._reports.put(lambda: self._on_applied(result))
         if compacted is not None and (on_compacted := self._on_compacted) is not None:
             self._reports.put(lambda: on_compacted(compacted))
+
+    def _write_lock(self, table: str, held: ExitStack) -> bool:
+        """Take the table's write lock into ``held`` (the table's maintenance waits, or this waits for
+        it). While the source cannot be reached, try again after each pause of a :class:`Backoff`,
+        at once when the follower is closing (and then only once); False if it stops without
+        finishing meanwhile."""
+        backoff = Backoff()
+        while True:
+            closing = self._closing
+            try:
+                held.enter_context(TableWriteLock(self._config.source, table))
+                return True
+            except Exception as error:
+                if closing or not connection_lost(error):
+                    raise
+                pause = backoff.next_pause()
+                log.warning("merge of %s: %s; trying again in %.0f s", table, error, pause)
+                with self._lock:
+                    self._lock.wait_for(lambda: self._closing, timeout=pause)
+                    if self._closing and not self._finish:
+                        return False
 
     def _publish_point(self) -> None:
         """Every due table is merged: publish the consistent point the tables make, if new."""

@@ -94,11 +94,11 @@ def write_plan(
     table_columns = [f.name for f in columns] + [DeltaColumn.LSN, DeltaColumn.COMMIT_TIME]
     existed = target.exists()
     if existed:
-        change = target.schema_change(columns)
+        change = target.schema_change(columns, plan.relation)
         if change:
             target.evolve(change)
     elif not plan.truncate:  # the table is gone but the plan does not start from a copy
-        target.create(columns)
+        target.create(columns, plan.relation)
     if plan.mode == "keyed" and plan.has_unresolved:
         if plan.truncate or not existed:
             raise ApplyError(
@@ -112,8 +112,7 @@ def write_plan(
     if plan.truncate:
         rows = _rows_to_add(plan, source, filtered)
         if not existed:  # created with its rows: one commit
-            create = f"CREATE TABLE {target.sql_name} {target.create_clause()} AS"
-            inserted = _write_rows(target, None, create, rows, names, lsn, batch)
+            inserted = _write_rows(target, None, target.create_statement(plan.relation), rows, names, lsn, batch)
             return MergeCounts(inserted or 0, write="create")
         deleted = target.read().count()
         idempotent = not rebuild or (target.applied_lsn() or -1) < lsn

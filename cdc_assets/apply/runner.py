@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from queue import Empty, SimpleQueue
 from threading import Lock
 
@@ -88,40 +89,40 @@ def apply_tables(
     workers = min(config.spark.parallel_merges, len(selected))
     if is_connect(spark) and config.spark.remote is None:
         workers = 1  # a Connect session handed in without its server's address: no second one to open
+    failures: list[BaseException] = []
+    done: dict[int, TableApplied] = {}
+
+    def record(index: int, applied: Callable[[], TableApplied]) -> None:
+        try:
+            done[index] = applied()
+        except Exception as error:  # noqa: BLE001 - raised once every other table is done
+            failures.append(error)
+            return
+        if progress is not None:
+            progress(done[index])
+
     if workers <= 1:
-        results = []
-        for table in selected:
-            results.append(apply_table(config, table, spark, reader, checkpoint.lsn))
-            if progress is not None:
-                progress(results[-1])
-        return results
+        for i, table in enumerate(selected):
+            record(i, partial(apply_table, config, table, spark, reader, checkpoint.lsn))
+    else:
+        idle: SimpleQueue[SparkSession] = SimpleQueue()  # the sessions opened so far, between tables
+        opening = Lock()
 
-    idle: SimpleQueue[SparkSession] = SimpleQueue()  # the sessions opened so far, between tables
-    opening = Lock()
+        def one(table: TableConfig) -> TableApplied:
+            try:
+                session = idle.get_nowait()
+            except Empty:  # at most one session per worker: a worker takes its own back after each table
+                with opening:
+                    session = sessions.enter_context(table_session(spark, config.spark))
+            try:
+                return apply_table(config, table, session, reader, checkpoint.lsn)
+            finally:
+                idle.put(session)
 
-    def one(table: TableConfig) -> TableApplied:
-        try:
-            session = idle.get_nowait()
-        except Empty:  # at most one session per worker: a worker takes its own back after each table
-            with opening:
-                session = sessions.enter_context(table_session(spark, config.spark))
-        try:
-            return apply_table(config, table, session, reader, checkpoint.lsn)
-        finally:
-            idle.put(session)
-
-    with ExitStack() as sessions, ThreadPoolExecutor(workers, thread_name_prefix="merge") as pool:
-        futures: dict[Future[TableApplied], int] = {pool.submit(one, t): i for i, t in enumerate(selected)}
-        done: dict[int, TableApplied] = {}
-        failures: list[BaseException] = []
-        for future in as_completed(futures):
-            error = future.exception()
-            if error is not None:
-                failures.append(error)
-                continue
-            done[futures[future]] = future.result()
-            if progress is not None:
-                progress(done[futures[future]])
+        with ExitStack() as sessions, ThreadPoolExecutor(workers, thread_name_prefix="merge") as pool:
+            futures = {pool.submit(one, t): i for i, t in enumerate(selected)}
+            for future in as_completed(futures):
+                record(futures[future], future.result)
     if failures:
         raise failures[0]
     return [done[i] for i in range(len(selected))]
@@ -170,6 +171,7 @@ def _apply_table(
     if not chunks or (not copied and sum(c.records.num_rows for c in chunks) == 0):
         result.skipped = "no changes"
         return result
+    target.check_column_types(name, chunks)
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)
     if table.row_filter and plan.has_unresolved:  # rows moving into the filter are not in Delta to fill from
         history = list(reader.read_table(name, state, upto=lsn))
@@ -202,6 +204,7 @@ def rebuild_table(
         raise CdcError(f"cannot rebuild {name}: {awaiting_copy_reason(state.awaiting_copy)}")
     target = delta_target(config, table, spark)
     chunks = list(reader.read_table(name, state, upto=checkpoint.lsn))
+    target.check_column_types(name, chunks)
     plan = plan_changes(chunks, state.relation, truncate=table.truncate)
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")

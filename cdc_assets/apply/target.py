@@ -13,14 +13,17 @@ Delta's Connect plugin. The table's state (exists, applied LSN, version, the las
 metrics) is read with delta-rs.
 
 New tables get deletion vectors (merges write only changed rows) and column mapping (so dropped
-columns can be dropped); ``warehouse.table_properties`` can override them.
+columns can be dropped); ``warehouse.table_properties`` can override them. Every table records its
+columns' source types (:data:`~cdc_assets.apply.column_types.SOURCE_TYPES`). A table is created
+with ``CREATE OR REPLACE``, and only when delta-rs finds no table at its path: what a creation
+killed before its first commit left there (an empty ``_delta_log``, data files) is replaced.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +33,19 @@ from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
+from cdc_assets.apply.column_types import (
+    SOURCE_TYPES,
+    SourceType,
+    check_column_types,
+    recorded_source_types,
+    source_types_property,
+)
 from cdc_assets.apply.spark_types import spark_type
 from cdc_assets.apply.table_files import data_bytes, data_files
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import StorageError
-from cdc_assets.pgoutput.records import DeltaColumn
+from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn
+from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.storage import describe_storage_error
 
 DEFAULT_TABLE_PROPERTIES = {
@@ -108,9 +119,10 @@ class SchemaChange:
     # where each added column goes: after this column (None: first), so the table keeps the
     # source's column order, with the metadata columns last
     after: dict[str, str | None] = field(default_factory=dict)
+    source_types: str | None = None  # the new value of SOURCE_TYPES, recorded last
 
     def __bool__(self) -> bool:
-        return bool(self.add or self.drop or self.retype)
+        return bool(self.add or self.drop or self.retype or self.source_types)
 
 
 class DeltaTarget:
@@ -198,25 +210,41 @@ class DeltaTarget:
             raise StorageError(f"no Delta table at {self.path}")
         return table
 
-    def create_clause(self) -> str:
-        """``USING delta TBLPROPERTIES (…)``: what a ``CREATE TABLE`` of this table says."""
-        properties = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in self.table_properties.items())
-        return f"USING delta TBLPROPERTIES ({properties})"
+    def create_statement(self, relation: RelationSchema) -> str:
+        """``CREATE OR REPLACE TABLE … USING delta TBLPROPERTIES (…) AS``: how this table, of
+        ``relation``'s columns, is created with its first rows (call only where :meth:`exists` is
+        false)."""
+        properties = {**self.table_properties, SOURCE_TYPES: source_types_property(relation)}
+        listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
+        return f"CREATE OR REPLACE TABLE {self.sql_name} USING delta TBLPROPERTIES ({listed}) AS"
 
-    def create(self, columns: pa.Schema) -> None:
+    def create(self, columns: pa.Schema, relation: RelationSchema) -> None:
         """The table with ``columns`` (and the metadata columns), no rows and no applied LSN (the
         first data commit records one)."""
-        empty = self.spark.createDataFrame([], delta_schema(columns))
-        writer = empty.write.format("delta").mode("overwrite")
-        for key, value in self.table_properties.items():
-            writer = writer.option(key, value)
+        view = f"cdc_empty_{uuid.uuid4().hex}"
+        self.spark.createDataFrame([], delta_schema(columns)).createTempView(view)
         try:
-            writer.save(self.path)
+            self.spark.sql(f"{self.create_statement(relation)} SELECT * FROM {backquote(view)}")
         finally:
+            self.spark.catalog.dropTempView(view)
             self._wrote()
 
-    def schema_change(self, columns: pa.Schema) -> SchemaChange:
-        """What must change so the table has exactly ``columns`` (plus the metadata columns)."""
+    def recorded_source_types(self) -> dict[str, SourceType] | None:
+        """The source types the table records for its columns (None: none recorded)."""
+        return recorded_source_types(self._table().metadata().configuration)
+
+    def check_column_types(self, table: str, chunks: Sequence[ChangeChunk]) -> None:
+        """Refuse ``chunks`` of ``table`` that would change a column's type while its source type
+        stays (:func:`~cdc_assets.apply.column_types.check_column_types`)."""
+        if not self.exists():
+            check_column_types(table, {}, None, chunks)
+            return
+        current = {f.name: f.dataType for f in self.spark_schema().fields}
+        check_column_types(table, current, self.recorded_source_types(), chunks)
+
+    def schema_change(self, columns: pa.Schema, relation: RelationSchema) -> SchemaChange:
+        """What must change so the table has exactly ``columns`` (plus the metadata columns) and
+        records ``relation``'s source types."""
         current = {f.name: f.dataType for f in self.spark_schema().fields}
         wanted = {f.name: f.type for f in columns}
         add = [(name, kind) for name, kind in wanted.items() if name not in current]
@@ -226,7 +254,9 @@ class DeltaTarget:
         ]
         order = list(wanted)
         after = {name: order[order.index(name) - 1] if order.index(name) else None for name, _ in add}
-        return SchemaChange(add, drop, retype, after)
+        recorded = self._table().metadata().configuration.get(SOURCE_TYPES)
+        types = source_types_property(relation)
+        return SchemaChange(add, drop, retype, after, None if recorded == types else types)
 
     def spark_schema(self) -> T.StructType:
         """The table's columns in Spark types, from its Delta log (Delta stores Spark's schema JSON;
@@ -235,7 +265,8 @@ class DeltaTarget:
 
     def evolve(self, change: SchemaChange) -> None:
         """Apply a schema change: ADD / DROP COLUMN in place (column mapping), a changed type by
-        rewriting the column with a cast (Delta readers do not support type widening)."""
+        rewriting the column with a cast (Delta readers do not support type widening), then the
+        new source types."""
         try:
             self._evolve(change)
         finally:
@@ -258,6 +289,10 @@ class DeltaTarget:
             for name, kind in change.retype:
                 frame = frame.withColumn(name, frame[name].cast(spark_type(kind)))
             frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(self.path)
+        if change.source_types is not None:
+            self.spark.sql(
+                f"ALTER TABLE {self.sql_name} SET TBLPROPERTIES ({sql_string(SOURCE_TYPES)} = {sql_string(change.source_types)})"
+            )
 
     def commit(
         self,

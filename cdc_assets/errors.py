@@ -89,6 +89,11 @@ class SourceError(CdcError):
     """The source database failed or refused a request (connection, server settings, catalogs)."""
 
 
+class SourceUnavailableError(SourceError):
+    """The source cannot be reached, or the connection to it ended: the server is down or
+    restarting, or the network failed. Worth trying again later."""
+
+
 class SourcePermissionError(SourceError):
     """The source role lacks a privilege: REPLICATION, table ownership, SELECT, CREATE."""
 

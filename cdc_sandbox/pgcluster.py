@@ -259,6 +259,11 @@ class ThrowawayCluster:
         """Shut the server down (``fast``), keeping its files and port for :meth:`resume`."""
         self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
 
+    def crash(self) -> None:
+        """Stop the server at once (``immediate``: no shutdown checkpoint, crash recovery at the next
+        start), keeping its files and port for :meth:`resume`."""
+        self._run("pg_ctl", "-D", str(self.data_dir), "-m", "immediate", "-w", "stop")
+
     def resume(self) -> None:
         """Start a halted server again, on its port."""
         assert self.root is not None, "cluster not started"

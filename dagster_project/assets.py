@@ -29,6 +29,7 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, snapshot_tables
 from cdc_assets.source.lock import TableWriteLock
+from cdc_assets.source.reconnect import connection_lost
 from dagster_project.consistent import POINT_KEY, point_metadata
 from dagster_project.lag import lag_evaluation
 from dagster_project.resources import CdcSource, SparkResource
@@ -111,7 +112,12 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             key = mirror_key(table)
             metadata = table_metadata(applied, mirror_row_count(session, config, table))
             context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
-            context.log_event(lag_evaluation(config, table, key))
+            try:
+                context.log_event(lag_evaluation(config, table, key))
+            except Exception as error:
+                if not connection_lost(error):
+                    raise
+                context.log.warning(f"lag check of {table.name} skipped: {error}")  # the source is restarting
 
         def published(point: ConsistentPoint) -> None:
             context.log.info(f"consistent point {point.summary()}")

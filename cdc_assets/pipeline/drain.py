@@ -19,11 +19,14 @@ from typing import Any
 import psycopg
 
 from cdc_assets.apply.target import table_applied_lsn
+from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.retention import RetentionResult, retain
-from cdc_assets.changelog.store import changelog_store
+from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch, StreamWriter, Written
-from cdc_assets.config import Config
+from cdc_assets.config import Config, SourceConfig
+from cdc_assets.errors import DrainLockedError
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pipeline.server_check import recognise_server
 from cdc_assets.pipeline.slot_check import slot_checkpoint
@@ -40,14 +43,12 @@ from cdc_assets.source import (
 )
 from cdc_assets.source.catalog import relation_describer
 from cdc_assets.source.connection import one_row
+from cdc_assets.source.reconnect import Backoff, connection_lost
 from cdc_assets.source.slot_holders import HeldWal, read_held_wal
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.process import POOL as STREAM_CHILDREN
-from cdc_assets.stream.reader import GATHER_SECONDS, SlotStream, StreamLostError
+from cdc_assets.stream.reader import GATHER_SECONDS, SlotStream
 from cdc_assets.transactions import TransactionAssembler
-
-RECONNECT_SECONDS = (1.0, 2.0, 5.0, 10.0)
-"""A following drain whose connection was lost reconnects after these pauses (the last repeats)."""
 
 log = logging.getLogger(__name__)
 
@@ -88,25 +89,17 @@ def drain(
     started = time.monotonic()
     follow = config.drain.follow_seconds if follow_seconds is None else follow_seconds
     STREAM_CHILDREN.prestart()
-    with (
-        DrainLock(source, wait),
-        connect(source, purpose="drain") as conn,
-        connect(source, purpose="catalog") as catalog_conn,
-    ):
-        checkpoint = slot_checkpoint(config, store)
-        require_replication_role(conn)  # before the replication connection that identifies the server
-        checkpoint = recognise_server(source, store, checkpoint)
-        major = server_major(conn)
-        slot = ensure_failover(source, require_usable_slot(read_slot(conn, source.slot), source, checkpoint.lsn))
+    with DrainLock(source, wait) as lock, _Connections(source) as connections:
+        checkpoint, slot = _check_source(connections.conn, source, store, slot_checkpoint(config, store))
+        major = server_major(connections.conn)
         if source.heartbeat:
-            emit_heartbeat(catalog_conn)
-        target = _flush_lsn(conn) if upto_lsn is None else upto_lsn
+            emit_heartbeat(connections.catalog)
+        target = _flush_lsn(connections.conn) if upto_lsn is None else upto_lsn
         catalog = TypeCatalog()
-        describe = relation_describer(
-            catalog_conn, catalog, {t: state.relation for t, state in checkpoint.tables.items()}
-        )
+        known = {t: state.relation for t, state in checkpoint.tables.items()}
 
         def new_assembler() -> TransactionAssembler:
+            describe = relation_describer(connections.catalog, catalog, known)  # the connection of the moment
             return TransactionAssembler(
                 streaming=source.streaming, catalog=catalog, describe=describe, slot=source.slot, spill_dir=spill_dir
             )
@@ -114,33 +107,97 @@ def drain(
         result = DrainResult(checkpoint_lsn=checkpoint.lsn, start_lsn=checkpoint.lsn)
         writer = StreamWriter(config, store, checkpoint, result, new_assembler, started, progress, on_batch)
         deadline = None if upto_lsn is not None or follow <= 0 else started + follow
+        backoff, lost = Backoff(), False
         while True:
             try:
+                if lost:
+                    slot = _resume(lock, connections, source, writer)
                 options = pgoutput_options(source, major, two_phase=slot.two_phase)
                 with SlotStream(
-                    conn,
+                    connections.conn,
                     source,
                     options,
                     writer.checkpoint.lsn,
                     standby_wait_seconds=config.drain.standby_wait_seconds,
                     gather_seconds=0.0 if deadline is None else GATHER_SECONDS,
                 ) as stream:
+                    backoff.reset()
                     writer.follow(stream, target, upto_lsn, deadline)
                 break
-            except StreamLostError as error:
-                if deadline is None or time.monotonic() >= deadline:
+            except Exception as error:
+                if deadline is None or time.monotonic() >= deadline or not connection_lost(error):
                     raise
-                pause = RECONNECT_SECONDS[min(result.reconnects, len(RECONNECT_SECONDS) - 1)]
+                pause = backoff.next_pause()
                 log.warning("%s; reconnecting in %.0f s", error, pause)
                 result.reconnects += 1
-                writer.restart()
                 time.sleep(pause)
+                lost = True
         applied = {str(t.name): table_applied_lsn(config, t) for t in config.tables}
         result.retention = retain(config, ChangeLogReader(store), writer.checkpoint, applied)
-        result.slot = read_slot(conn, source.slot)
-        result.held = read_held_wal(conn, source.slot)
+        result.slot = read_slot(connections.conn, source.slot)
+        result.held = read_held_wal(connections.conn, source.slot)
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+class _Connections:
+    """The drain's SQL connections to the source: ``conn`` for checks, ``catalog`` for catalog
+    look-ups; :meth:`reopen` after the source went away."""
+
+    def __init__(self, source: SourceConfig) -> None:
+        self._source = source
+        self.conn, self.catalog = self._open()
+
+    def __enter__(self) -> _Connections:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reopen(self) -> None:
+        self.close()
+        self.conn, self.catalog = self._open()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.catalog.close()
+
+    def _open(self) -> tuple[psycopg.Connection[Any], psycopg.Connection[Any]]:
+        conn = connect(self._source, purpose="drain")
+        try:
+            return conn, connect(self._source, purpose="catalog")
+        except BaseException:
+            conn.close()
+            raise
+
+
+def _check_source(
+    conn: psycopg.Connection[Any], source: SourceConfig, store: LogStore, checkpoint: Checkpoint
+) -> tuple[Checkpoint, SlotState]:
+    """Before a session: the role, the server recognised (the checkpoint recording it), and the
+    slot usable from the checkpoint (made a failover slot when configured)."""
+    require_replication_role(conn)  # before the replication connection that identifies the server
+    checkpoint = recognise_server(source, store, checkpoint)
+    slot = ensure_failover(source, require_usable_slot(read_slot(conn, source.slot), source, checkpoint.lsn))
+    return checkpoint, slot
+
+
+def _resume(lock: DrainLock, connections: _Connections, source: SourceConfig, writer: StreamWriter) -> SlotState:
+    """After the source went away: the drain lock held again, the change log still at this drain's
+    checkpoint, the connections reopened and the source checked as at the start; then the lost
+    session's leftovers are cleared."""
+    lock.retake()
+    stored = read_checkpoint(writer.store)
+    if stored is None or stored.to_json() != writer.checkpoint.to_json():
+        moved = "gone" if stored is None else f"at {format_lsn(stored.lsn)}"
+        raise DrainLockedError(
+            f"the change log's checkpoint is {moved}, not at {format_lsn(writer.checkpoint.lsn)} where this drain"
+            f" left it: another process drained slot {source.slot} while this one had lost the source; this one stops"
+        )
+    connections.reopen()
+    writer.checkpoint, slot = _check_source(connections.conn, source, writer.store, writer.checkpoint)
+    writer.restart()
+    return slot
 
 
 def _flush_lsn(conn: psycopg.Connection[Any]) -> int:

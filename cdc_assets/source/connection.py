@@ -15,7 +15,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
 from cdc_assets.config import SourceConfig
-from cdc_assets.errors import SourceError
+from cdc_assets.errors import SourceError, SourceUnavailableError
+from cdc_assets.source.reconnect import CONNECTION_LOST_SQLSTATES
 
 PINNED_SETTINGS: dict[str, str] = {
     "TimeZone": "UTC",
@@ -43,7 +44,7 @@ def connect(
     try:
         return psycopg.connect(info, autocommit=autocommit)
     except psycopg.Error as error:
-        raise connect_failure(source, purpose, str(error)) from None
+        raise connect_failure(source, purpose, str(error), error.sqlstate) from None
 
 
 def one_row(cursor: psycopg.Cursor[_Row]) -> _Row:
@@ -68,11 +69,17 @@ def conninfo(source: SourceConfig, *, purpose: str, replication: bool = False) -
     return make_conninfo(source.dsn, **extra)
 
 
-def connect_failure(source: SourceConfig, purpose: str, message: str) -> SourceError:
-    """The error for a failed connection attempt: libpq's ``message`` with every password removed."""
+def connect_failure(source: SourceConfig, purpose: str, message: str, sqlstate: str | None) -> SourceError:
+    """The error for a failed connection attempt: libpq's ``message`` with every password removed;
+    a :class:`~cdc_assets.errors.SourceUnavailableError` when the server was not there to answer
+    (no ``sqlstate``) or is shutting down or starting up, else a refusal (authentication, a missing
+    database)."""
     password = conninfo_to_dict(source.dsn).get("password")
     reason = redact(" ".join(message.split()), [str(password)] if password else [])
-    return SourceError(f"cannot connect to the source database ({purpose}): {reason}")
+    unavailable = sqlstate is None or sqlstate in CONNECTION_LOST_SQLSTATES
+    return (SourceUnavailableError if unavailable else SourceError)(
+        f"cannot connect to the source database ({purpose}): {reason}"
+    )
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

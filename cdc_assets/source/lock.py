@@ -2,7 +2,8 @@
 slot and table, the locks of one table's online copy and of its Delta table's writers.
 
 It lives on the source because the change log may be on object storage, where no lock exists.
-The lock is held by a dedicated connection for the whole drain and released when it closes.
+The lock is held by a dedicated connection for the whole drain and released when it closes — or
+when the server restarts, after which a drain that goes on takes it again (:meth:`DrainLock.retake`).
 """
 
 from __future__ import annotations
@@ -50,14 +51,29 @@ class DrainLock:
         self._conn: psycopg.Connection[Any] | None = None
 
     def __enter__(self) -> DrainLock:
+        self._take(self.wait)
+        return self
+
+    def retake(self) -> None:
+        """Hold the lock again after the source went away: kept if its session lives, else taken
+        anew without waiting — if another process took it meanwhile, :class:`DrainLockedError`."""
+        if self._conn is not None:
+            try:
+                self._conn.execute("SELECT 1")
+                return
+            except psycopg.Error:
+                self._conn.close()
+                self._conn = None
+        self._take(wait=False, lost=True)
+
+    def _take(self, wait: bool, *, lost: bool = False) -> None:
         conn = connect(self.source, purpose="drain-lock")
         try:
-            self._acquire(conn)
+            self._acquire(conn, wait, lost)
         except BaseException:
             conn.close()
             raise
         self._conn = conn
-        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -86,12 +102,17 @@ class DrainLock:
         """What the lock's holder is doing, for the error a second process gets."""
         return f"slot {self.source.slot} is being drained by another process"
 
-    def _acquire(self, conn: psycopg.Connection[Any]) -> None:
+    def _acquire(self, conn: psycopg.Connection[Any], wait: bool, lost: bool) -> None:
         if one_row(conn.execute("SELECT pg_try_advisory_lock(%s::int8)", (self.key,)))[0]:
             return
-        if not self.wait:
+        if not wait:
             pid = self.holder_pid(conn)
             holder = f"pid {pid}" if pid is not None else "a process that has just let go"
+            if lost:
+                raise DrainLockedError(
+                    f"{self._busy()} ({holder}), which took the lock while this process had lost its connection"
+                    " to the source: this one stops"
+                )
             raise DrainLockedError(f"{self._busy()} ({holder}): wait for it to finish, or run with --wait")
         conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(self.poll_seconds * 1000))}ms",))
         while True:

@@ -22,12 +22,13 @@ from psycopg import errors
 
 from cdc_assets.config import DrainConfig, SourceConfig
 from cdc_assets.config.model import default
-from cdc_assets.errors import DecodeError, SourceError
+from cdc_assets.errors import DecodeError, SourceError, SourceUnavailableError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source.checks import require_replication_role
 from cdc_assets.source.connection import PINNED_SETTINGS, connect_failure, conninfo
 from cdc_assets.source.failures import diagnose, publication_missing_error
 from cdc_assets.source.publication import publication_exists
+from cdc_assets.source.reconnect import CONNECTION_LOST_SQLSTATES
 from cdc_assets.source.standby_wait import standby_wait_error
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.options import start_replication_command
@@ -44,15 +45,13 @@ default; the server asks for a reply at half of it in any case)."""
 STANDBY_PROBE_SECONDS = 10.0
 """How often a stream whose position stands still asks whether its walsender waits for standbys."""
 TERMINATE_WAIT_MS = 10_000
-CONNECTION_LOST_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006"})
-"""Server shut down or terminated the walsender, or the connection broke: worth reconnecting."""
 
 
 class _Ended:
     """The child's frames ended without a request to stop."""
 
 
-class StreamLostError(SourceError):
+class StreamLostError(SourceUnavailableError):
     """The replication connection ended without an error of the slot's: the server went away or
     ended the walsender (``wal_sender_timeout``, a restart, ``pg_terminate_backend``)."""
 
@@ -298,7 +297,7 @@ class SlotStream:
         if error.decode is not None:
             return DecodeError(**error.decode).at(lsn=at, slot=slot)
         if error.connecting:
-            return connect_failure(self._config, "stream", error.text)
+            return connect_failure(self._config, "stream", error.text, error.sqlstate)
         if error.sqlstate is None or error.sqlstate in CONNECTION_LOST_SQLSTATES:
             return StreamLostError(
                 f"the replication connection of slot {slot} ended at LSN {format_lsn(at)}: {error.message}"

@@ -215,6 +215,18 @@ class Committed:
     large: bool
 
 
+@dataclass(slots=True, frozen=True)
+class _Pending:
+    """A transaction written, not known to be committed yet: what the model takes once it is."""
+
+    transaction: Committed
+    inserted: list[int]
+    deleted: list[int]
+    rekeyed: tuple[int, int] | None
+    transactional: bool
+    plain: bool
+
+
 class LedgerWorkload:
     """Transactions on one connection; keeps an exact model of what it committed.
 
@@ -225,6 +237,7 @@ class LedgerWorkload:
     """
 
     def __init__(self, dsn: str, seed: int, *, large_share: float = 0.03) -> None:
+        self.dsn = dsn
         self.conn = psycopg.connect(dsn, autocommit=False, application_name="crash-test-writer")
         self.rng = random.Random(seed)
         self.large_share = large_share
@@ -235,6 +248,7 @@ class LedgerWorkload:
         self.next_id = INITIAL_ROWS + 1
         self._live: list[int] = list(range(1, INITIAL_ROWS + 1))
         self._index: dict[int, int] = {i: n for n, i in enumerate(self._live)}
+        self._pending: _Pending | None = None  # written, its COMMIT sent and not answered yet
 
     def close(self) -> None:
         self.conn.close()
@@ -244,6 +258,32 @@ class LedgerWorkload:
         return len(self.committed)
 
     def transact(self) -> Committed:
+        pending = self._write()
+        self._pending = pending
+        self.conn.commit()
+        return self._record(pending)
+
+    def reconnect(self, timeout: float = 120) -> None:
+        """After the server went away: a new connection once it answers. A transaction whose COMMIT
+        got no answer is recorded if its ledger row is there (it committed), else dropped."""
+        self.conn.close()
+        self.conn = wait_until(self._connect, timeout, "the server to take connections again")
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            row = self.conn.execute("SELECT xid FROM ledger WHERE seq = %s", (pending.seq,)).fetchone()
+            self.conn.rollback()
+            if row is not None:
+                assert row[0] == pending.xid, (row, pending)
+                self._record(pending)
+
+    def _connect(self) -> psycopg.Connection[Any] | None:
+        try:
+            return psycopg.connect(self.dsn, autocommit=False, application_name="crash-test-writer")
+        except psycopg.OperationalError:
+            return None
+
+    def _write(self) -> _Pending:
+        """One transaction's statements, not committed yet."""
         rng, cur = self.rng, self.conn.cursor()
         seq = self.seq + 1
         large = rng.random() < self.large_share
@@ -282,22 +322,25 @@ class LedgerWorkload:
             cur.execute("SELECT pg_logical_emit_message(false, 'crash-n', %s::text)", (str(seq),))
         changes += 1
         cur.execute("INSERT INTO ledger (seq, xid, changes) VALUES (%s, %s, %s)", (seq, xid, changes))
-        self.conn.commit()
-        # Committed: update the model (the server's commit order is this connection's order).
-        self.seq = seq
-        self.next_id = inserted[-1] + 1 + (1 if rekeyed else 0)
-        for i in inserted:
+        return _Pending(Committed(seq, xid, changes, large), inserted, deleted, rekeyed, transactional, plain)
+
+    def _record(self, pending: _Pending) -> Committed:
+        """Committed: update the model (the server's commit order is this connection's order)."""
+        done = pending.transaction
+        self._pending = None
+        self.seq = done.seq
+        self.next_id = pending.inserted[-1] + 1 + (1 if pending.rekeyed else 0)
+        for i in pending.inserted:
             self._add(i)
-        for i in deleted:
+        for i in pending.deleted:
             self._remove(i)
-        if rekeyed:
-            self._remove(rekeyed[0])
-            self._add(rekeyed[1])
-        if transactional:
-            self.transactional_messages[seq] = seq
-        if plain:
-            self.plain_messages.append(seq)
-        done = Committed(seq, xid, changes, large)
+        if pending.rekeyed:
+            self._remove(pending.rekeyed[0])
+            self._add(pending.rekeyed[1])
+        if pending.transactional:
+            self.transactional_messages[done.seq] = done.seq
+        if pending.plain:
+            self.plain_messages.append(done.seq)
         self.committed.append(done)
         return done
 
@@ -319,12 +362,16 @@ class LedgerWorkload:
 
 class WriterThread(threading.Thread):
     """Runs a :class:`LedgerWorkload` at about ``rate`` transactions per second until stopped;
-    :meth:`burst` asks for that many more transactions as fast as the server takes them."""
+    :meth:`burst` asks for that many more transactions as fast as the server takes them. With
+    ``restarts``, a lost connection is no failure: the writer reconnects and goes on (counted in
+    :attr:`outages`)."""
 
-    def __init__(self, workload: LedgerWorkload, rate: float) -> None:
+    def __init__(self, workload: LedgerWorkload, rate: float, *, restarts: bool = False) -> None:
         super().__init__(name="crash-writer", daemon=True)
         self.workload = workload
         self.rate = rate
+        self.restarts = restarts
+        self.outages = 0
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self._credit = 0
@@ -340,7 +387,15 @@ class WriterThread(threading.Thread):
         next_at = time.monotonic()
         try:
             while not self.stopping.is_set():
-                self.workload.transact()
+                try:
+                    self.workload.transact()
+                except psycopg.OperationalError:
+                    if not self.restarts:
+                        raise
+                    self.workload.reconnect()
+                    self.outages += 1
+                    next_at = time.monotonic()
+                    continue
                 with self._lock:
                     bursting = self._credit > 0
                     if bursting:

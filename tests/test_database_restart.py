@@ -1,0 +1,286 @@
+"""A following drain rides out its PostgreSQL server crashing (``pg_ctl -m immediate stop``) and
+starting again while a writer commits under load (docs/architecture.md, "Interrupts and lost
+connections"): every connection is reopened, the drain lock taken again, and nothing is lost or
+duplicated.
+
+Each test crashes a throwaway cluster of its own (never the shared one of the ``pg`` fixture). The
+writer (:class:`~tests.support.crash.WriterThread` with ``restarts``) reconnects by itself and
+settles a COMMIT the crash cut off by its ledger row. A crash waits until the drain has noticed
+and failed to reach the server at least once more (its "reconnecting" warnings) before the server
+starts again, so the reconnects meet a server that is down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import psycopg
+import pytest
+
+from cdc_assets.apply.target import table_applied_lsn
+from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.store import changelog_store
+from cdc_assets.config import load_config
+from cdc_assets.pipeline.drain import DrainResult, drain
+from cdc_sandbox.pgcluster import ThrowawayCluster
+from tests.support.config_file import DSN_VARIABLE, write_config
+from tests.support.crash import (
+    EVENTS,
+    LEDGER,
+    SCHEMA_SQL,
+    LedgerWorkload,
+    WriterThread,
+    assert_no_litter,
+    describe,
+    run_cli,
+    verify_log,
+)
+from tests.support.database import Database, create_database
+from tests.support.mirror import CLI_SPARK
+from tests.support.mirror_diff import assert_delta_equals_source
+from tests.support.pipeline import wait_until
+
+SLOT = "restart_slot"
+WRITER_RATE = 30.0  # transactions per second
+COMMIT_SECONDS = 0.5  # drain.commit_seconds: many durable batches (and merges) between the crashes
+DRAIN_FOLLOW_S = 15.0  # the crash and restart take about 5 s of it here
+SYNC_FOLLOW_S = 75.0
+RECONNECTING = "reconnecting in"
+
+
+@pytest.fixture
+def server() -> Iterator[Database]:
+    """A fresh database on a throwaway cluster of its own, which the test may crash."""
+    with ThrowawayCluster(int(os.environ.get("CDC_TEST_PG", "16"))) as cluster:
+        yield create_database(cluster)
+
+
+def _setup(db: Database, folder: Path, *, spark: bool = False) -> Path:
+    """The ledger schema, ``cdc.yaml`` (with Spark settings for a sync) and ``cdc-assets setup``."""
+    with db.connect() as conn:
+        for sql in SCHEMA_SQL:
+            conn.execute(sql)
+    path = write_config(
+        folder,
+        [EVENTS, LEDGER],
+        source={"publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 200},
+        drain={"commit_seconds": COMMIT_SECONDS},
+        spark=CLI_SPARK if spark else None,
+    )
+    result = run_cli(path, db.dsn, "setup")
+    assert result.returncode == 0, describe(result)
+    return path
+
+
+def _checkpoint_lsn(path: Path, dsn: str) -> int:
+    checkpoint = ChangeLogReader(changelog_store(load_config(path, environ={DSN_VARIABLE: dsn}))).checkpoint()
+    assert checkpoint is not None
+    return checkpoint.lsn
+
+
+def _flush_lsn(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (lsn,) = conn.execute("SELECT (pg_current_wal_flush_lsn() - '0/0')::int8").fetchone()
+    return int(lsn)
+
+
+class Drain(Protocol):
+    """A following drain under test."""
+
+    def running(self) -> bool: ...
+
+    def output(self) -> str:
+        """How it ended (for a failure's message)."""
+
+    def reconnecting(self) -> int:
+        """How many "reconnecting" warnings it has given."""
+
+
+def _streaming(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+    return row is not None and row[0] is not None
+
+
+def _drained_past_now(path: Path, dsn: str, drain: Drain, what: str, timeout: float = 90) -> None:
+    """Wait until the drain streams the slot and its checkpoint reaches the server's WAL flush
+    position of then."""
+    wait_until(lambda: not drain.running() or _streaming(dsn), timeout, f"the stream, for {what}")
+    lsn = _flush_lsn(dsn)
+    wait_until(lambda: not drain.running() or _checkpoint_lsn(path, dsn) >= lsn, timeout, what)
+    assert drain.running(), f"the drain ended while waiting for {what}:\n{drain.output()}"
+
+
+def _crash_and_restart(cluster: ThrowawayCluster, drain: Drain) -> None:
+    """Crash the server; start it again once the drain has reported the lost stream and one failed
+    attempt to reach the server (two more "reconnecting" warnings)."""
+    before = drain.reconnecting()
+    cluster.crash()
+    try:
+        wait_until(
+            lambda: not drain.running() or drain.reconnecting() >= before + 2,
+            60,
+            "the drain to fail to reach the server",
+        )
+        assert drain.running(), f"the drain ended while the server was down:\n{drain.output()}"
+    finally:
+        cluster.resume()
+
+
+@dataclass
+class _InProcess:
+    """A drain on a thread of this process, its warnings read from ``caplog``."""
+
+    following: Future[DrainResult]
+    caplog: pytest.LogCaptureFixture
+
+    def running(self) -> bool:
+        return not self.following.done()
+
+    def output(self) -> str:
+        return repr(self.following.exception()) if self.following.done() else "running"
+
+    def reconnecting(self) -> int:
+        return self.caplog.text.count(RECONNECTING)
+
+
+def test_a_following_drain_rides_out_a_crash_of_its_server(
+    server: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``drain(config, follow_seconds=…)`` on a thread; the server crashes and starts again while it
+    follows: the drain ends normally, and the change log holds every committed transaction exactly
+    once, in commit order (the full check of ``tests/test_drain_crash.py``)."""
+    path = _setup(server, tmp_path)
+    config = load_config(path, environ={DSN_VARIABLE: server.dsn})
+    caplog.set_level(logging.WARNING, logger="cdc_assets.pipeline.drain")
+    workload = LedgerWorkload(server.dsn, seed=11, large_share=0.02)
+    writer = WriterThread(workload, WRITER_RATE, restarts=True)
+    writer.start()
+    with ThreadPoolExecutor(1) as pool:
+        following = _InProcess(pool.submit(drain, config, follow_seconds=DRAIN_FOLLOW_S), caplog)
+        try:
+            _drained_past_now(path, server.dsn, following, "a first durable batch")
+            _crash_and_restart(server.cluster, following)
+            _drained_past_now(path, server.dsn, following, "a durable batch after the restart")
+        finally:
+            writer.stop()
+        _drained_past_now(path, server.dsn, following, "the writer's last transaction")
+        result = following.following.result(timeout=DRAIN_FOLLOW_S + 60)
+    assert writer.outages >= 1
+    assert result.reconnects >= 2
+    verified = verify_log(tmp_path / "changelog", server.dsn, SLOT, workload)
+    assert verified.transactions == workload.count
+    workload.close()
+    assert_no_litter(verified)
+
+
+class _Sync:
+    """``cdc-assets sync --follow <seconds>`` in a process group of its own, its output collected."""
+
+    def __init__(self, path: Path, dsn: str, follow_s: float) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("CDC_ASSETS_FAULT", "CDC_CONFIG")}
+        env.update({DSN_VARIABLE: dsn, "PYTHONUNBUFFERED": "1"})
+        env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "cdc_assets", "sync", "--follow", str(follow_s), "-c", str(path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=path.parent,
+            start_new_session=True,
+        )
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._pumps = [
+            threading.Thread(target=_pump, args=(stream, lines), daemon=True)
+            for stream, lines in ((self.process.stdout, self.stdout), (self.process.stderr, self.stderr))
+        ]
+        for pump in self._pumps:
+            pump.start()
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def count(self, text: str, *, err: bool = True) -> int:
+        return sum(text in line for line in list(self.stderr if err else self.stdout))
+
+    def reconnecting(self) -> int:
+        return self.count(RECONNECTING)
+
+    def wait(self, timeout: float) -> int:
+        code = self.process.wait(timeout=timeout)
+        for pump in self._pumps:
+            pump.join(timeout=30)
+        return code
+
+    def kill(self) -> None:
+        if self.running():
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.wait(60)
+
+    def output(self) -> str:
+        return describe((self.process.returncode, "\n".join(self.stdout), "\n".join(self.stderr)))
+
+
+def _pump(stream: object, lines: list[str]) -> None:
+    for line in stream:  # type: ignore[attr-defined]
+        lines.append(line.rstrip("\n"))
+
+
+@pytest.mark.slow
+def test_sync_follow_rides_out_two_crashes_of_its_server(server: Database, tmp_path: Path) -> None:
+    """``cdc-assets sync --follow``: the drain follows and merges into Delta while a writer commits;
+    the server crashes and starts again twice. The command goes on, exits 0 when its follow time
+    is up, and then the change log holds every transaction exactly once and every Delta table
+    equals its source at the checkpoint."""
+    path = _setup(server, tmp_path, spark=True)
+    workload = LedgerWorkload(server.dsn, seed=12, large_share=0.02)
+    writer = WriterThread(workload, WRITER_RATE, restarts=True)
+    writer.start()
+    sync = _Sync(path, server.dsn, SYNC_FOLLOW_S)
+    started = time.monotonic()
+
+    def merged() -> int:
+        return sync.count(" applied LSN ", err=False)
+
+    try:
+        wait_until(lambda: not sync.running() or merged() > 0, 240, "a first merge")
+        assert sync.running(), sync.output()
+        for _ in range(2):
+            _drained_past_now(path, server.dsn, sync, "a durable batch")
+            _crash_and_restart(server.cluster, sync)
+            _drained_past_now(path, server.dsn, sync, "a durable batch after the restart")
+            before = merged()
+            wait_until(lambda b=before: not sync.running() or merged() > b, 120, "a merge after the restart")
+            assert sync.running(), sync.output()
+        writer.stop()
+        _drained_past_now(path, server.dsn, sync, "the writer's last transaction")
+        code = sync.wait(timeout=SYNC_FOLLOW_S + 300 - (time.monotonic() - started))
+    finally:
+        writer.stopping.set()
+        sync.kill()
+    assert code == 0, sync.output()
+    assert writer.outages >= 2
+    verified = verify_log(tmp_path / "changelog", server.dsn, SLOT, workload)
+    assert verified.transactions == workload.count
+    workload.close()
+    config = load_config(path, environ={DSN_VARIABLE: server.dsn})
+    checkpoint = _checkpoint_lsn(path, server.dsn)
+    assert {str(t.name): table_applied_lsn(config, t) for t in config.tables} == dict.fromkeys(
+        (EVENTS, LEDGER), checkpoint
+    )
+    with server.connect() as conn:
+        assert_delta_equals_source(conn, config)
+    assert_no_litter(verified)

@@ -236,11 +236,12 @@ class LedgerWorkload:
     ``(seq, xid, changes)``.
     """
 
-    def __init__(self, dsn: str, seed: int, *, large_share: float = 0.03) -> None:
+    def __init__(self, dsn: str, seed: int, *, large_share: float = 0.03, plain_share: float = 0.05) -> None:
         self.dsn = dsn
         self.conn = psycopg.connect(dsn, autocommit=False, application_name="crash-test-writer")
         self.rng = random.Random(seed)
         self.large_share = large_share
+        self.plain_share = plain_share  # of transactions that also emit a non-transactional message
         self.committed: list[Committed] = []
         self.transactional_messages: dict[int, int] = {}  # seq → seq (content) of transactional messages
         self.plain_messages: list[int] = []  # contents of non-transactional messages
@@ -317,7 +318,7 @@ class LedgerWorkload:
         transactional = rng.random() < 0.1
         if transactional:
             cur.execute("SELECT pg_logical_emit_message(true, 'crash-t', %s::text)", (str(seq),))
-        plain = rng.random() < 0.05
+        plain = rng.random() < self.plain_share
         if plain:
             cur.execute("SELECT pg_logical_emit_message(false, 'crash-n', %s::text)", (str(seq),))
         changes += 1

@@ -22,10 +22,12 @@ from typing import Any
 
 import pytest
 
+from cdc_assets.apply.session import close_connect_sessions
 from cdc_assets.storage import StorageConfig
 from cdc_sandbox.s3server import ThrowawayS3Server
 from tests.support.bucket import Bucket
 from tests.support.database import ClusterPool, Database, create_database, drop_database
+from tests.support.spark_server import RunningServer, start_server
 from tests.support.standby_pair import Pair, make_pair
 
 ALL_VERSIONS = [int(v) for v in os.environ.get("CDC_TEST_PG_VERSIONS", "15,16,18").split(",") if v]
@@ -70,10 +72,33 @@ def pg_any(request: pytest.FixtureRequest, clusters: ClusterPool) -> Iterator[Da
     drop_database(db)
 
 
+@pytest.fixture
+def metastore(pg: Database) -> Iterator[str]:
+    """The DSN of an empty database for the Hive metastore, on the source's cluster."""
+    name = f"{pg.name}_metastore"
+    pg.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg.cluster.dsn(name)
+    finally:
+        pg.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[ThrowawayS3Server]:
     with ThrowawayS3Server() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A ``cdc-assets spark-server`` shared by one test module."""
+    server = start_server(tmp_path_factory.mktemp("connect"))
+    try:
+        yield server
+    finally:
+        close_connect_sessions()  # the runs' sessions kept for the process, released while it answers
+        if server.process.poll() is None:
+            server.stop()
 
 
 @pytest.fixture

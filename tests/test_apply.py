@@ -651,8 +651,9 @@ def test_a_column_is_retyped_only_when_its_source_type_changes(mirror_of) -> Non
     """A change-log segment whose ``score`` (a domain over integer) was decoded as text while the
     source type stayed the same — what a drain that lost the domain's base type wrote — is refused:
     the table is stopped with an error naming the column, both types and the LSN, its Delta table
-    keeps its type and data, and the other table is applied. A copy of the table repairs it. A
-    type the source changed (``ALTER COLUMN … TYPE``) still reaches Delta."""
+    keeps its type and data, and the other table is applied — by ``apply``, and by a following
+    ``sync``, which goes on merging the other table and exits with the error. A copy of the table
+    repairs it. A type the source changed (``ALTER COLUMN … TYPE``) still reaches Delta."""
     mirror = mirror_of(
         {"public.acc": {}, "public.other": {}},
         "CREATE DOMAIN posint AS integer CHECK (value > 0)",
@@ -672,6 +673,11 @@ def test_a_column_is_retyped_only_when_its_source_type_changes(mirror_of) -> Non
     assert f"public.acc: column score would change type from int to string at LSN {format_lsn(end_lsn)}" in message
     assert "its source type (type OID" in message and "cdc-assets snapshot public.acc" in message
     assert mirror.version("public.acc") == version and delta_types(mirror, "public.acc")["score"] == "int"
+    mirror.check("public.other")
+    mirror.sql("INSERT INTO other VALUES (2, 'two')")  # a following sync merges it, acc stays stopped
+    following = mirror.cli("sync", "--follow", "3")
+    assert following.returncode == 1 and "column score would change type from int to string" in following.stderr
+    assert mirror.version("public.acc") == version
     mirror.check("public.other")
 
     copied = mirror.cli("snapshot", "public.acc")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from tests.support.config_file import DSN_VARIABLE
 from tests.support.database import Database
 from tests.support.mirror import ROOT, Mirror, child_environ
 from tests.support.rows import difference, source_rows, split_metadata, table_rows
-from tests.test_spark_connect import (  # classic_mode_restored: autouse here too
+from tests.support.spark_server import (  # classic_mode_restored: autouse here too
     RunningServer,
     classic_mode_restored,  # noqa: F401
     connect_session,
@@ -37,17 +36,6 @@ from tests.test_spark_connect import (  # classic_mode_restored: autouse here to
 
 CATALOG = "spark_catalog"
 SHOP = ["public.customers", "public.orders", "public.order_lines"]
-
-
-@pytest.fixture
-def metastore(pg: Database) -> Iterator[str]:
-    """The DSN of an empty database for the Hive metastore, on the source's cluster."""
-    name = f"{pg.name}_metastore"
-    pg.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield pg.cluster.dsn(name)
-    finally:
-        pg.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 def assert_equals_source(pg: Database, table: str, read: pa.Table, who: str) -> list[str]:

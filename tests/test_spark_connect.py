@@ -5,25 +5,26 @@ sensor's merge run with ``spark.remote``."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
 import pytest
-from pyspark.sql import SparkSession
 
-from cdc_assets.apply.session import close_connect_sessions, is_connect
+from cdc_assets.apply.session import is_connect
 from cdc_assets.lsn import format_lsn
 from tests.support.dagster_env import DSN_VARIABLE, ROOT, DagsterEnv
 from tests.support.database import Database
-from tests.support.pipeline import wait_until
+from tests.support.spark_server import (  # the fixtures: used by name
+    CONNECT_MODE,
+    RunningServer,
+    classic_mode_restored,  # noqa: F401
+    connect_session,
+    listening,
+    start_server,
+)
 from tests.test_apply_differential import BUCKET_OPS, BUCKET_SEEDS, SeedResult, run_seed
 from tests.test_dagster import (
     DEMO_INSTANCE,
@@ -37,101 +38,6 @@ from tests.test_dagster import (
 )
 
 pytestmark = pytest.mark.slow
-
-CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
-START_TIMEOUT_S = 600.0  # a first start resolves Delta's jars through Ivy
-STOP_TIMEOUT_S = 90.0
-
-
-@dataclass(slots=True)
-class RunningServer:
-    """A ``cdc-assets spark-server`` subprocess and the lines it printed."""
-
-    process: subprocess.Popen[str]
-    port: int
-    lines: list[str]
-
-    @property
-    def address(self) -> str:
-        return f"sc://127.0.0.1:{self.port}"
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(STOP_TIMEOUT_S)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def listening(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def start_server(folder: Path, *options: str, environ: dict[str, str] | None = None) -> RunningServer:
-    """``cdc-assets spark-server [options]`` in ``folder`` (no configuration file there: a plain
-    server with Delta, unless ``options`` name one), waited on until it prints its address."""
-    folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    environ = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"} | (environ or {})
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cdc_assets",
-            "spark-server",
-            "--port",
-            str(port),
-            "--log",
-            str(folder / "server.log"),
-            *options,
-        ],
-        cwd=folder,
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    server = RunningServer(process, port, [])
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            server.lines.append(line.rstrip("\n"))
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        wait_until(
-            lambda: any("listening at" in line for line in server.lines) or process.poll() is not None,
-            timeout=START_TIMEOUT_S,
-            what="the Spark Connect server to listen",
-        )
-    except BaseException:
-        process.kill()
-        raise
-    assert process.poll() is None, server.lines
-    return server
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    server = start_server(tmp_path_factory.mktemp("connect"))
-    try:
-        yield server
-    finally:
-        close_connect_sessions()  # the runs' sessions kept for the process, released while it answers
-        if server.process.poll() is None:
-            server.stop()
-
-
-def connect_session(server: RunningServer) -> SparkSession:
-    return SparkSession.builder.remote(server.address).create()
 
 
 def test_spark_server_prints_its_address_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -195,19 +101,6 @@ def test_differential_over_spark_connect(pg: Database, connect_server: RunningSe
     assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
     writes = {w for r in results for w, n in r.writes.items() if n}
     assert {"create", "MERGE"} <= writes, writes
-
-
-@pytest.fixture(autouse=True)
-def classic_mode_restored() -> Iterator[None]:
-    """A Connect session marks the whole process as Spark Connect (pyspark's
-    ``SPARK_CONNECT_MODE_ENABLED``, which makes ``pyspark.sql.functions`` build Connect columns);
-    the other test modules share a classic session, so the mark goes with each test."""
-    before = os.environ.get(CONNECT_MODE)
-    yield
-    if before is None:
-        os.environ.pop(CONNECT_MODE, None)
-    else:
-        os.environ[CONNECT_MODE] = before
 
 
 def test_dagster_sensor_merge_runs_over_spark_connect(

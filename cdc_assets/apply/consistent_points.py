@@ -36,6 +36,7 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.config.model import DELTA_MIN_RETENTION_HOURS, is_uri, join_location
 from cdc_assets.errors import CdcError
+from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import unix_time
 
@@ -146,6 +147,7 @@ class PointLog:
             storage_options=self.storage_options,
             commit_properties=CommitProperties(app_transactions=[Transaction(self.app, point.lsn)]),
         )
+        fault_point("consistent-point")
         return True
 
     def tidy(self, keep_hours: int) -> None:

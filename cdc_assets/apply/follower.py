@@ -13,7 +13,9 @@ Dagster pool orders a follower's merges. While the source cannot be reached (a r
 waits for the lock, trying again after the drain's reconnect pauses. A merge that leaves its table with
 ``warehouse.maintenance.follow_compact_files`` data files or more is followed, under the same lock,
 by the table's compaction (:func:`~cdc_assets.apply.maintenance.compact_table`). A failed merge
-stops the follower, and the drain's next durable batch raises its error. Whenever the merges have
+stops the follower, and the drain's next durable batch raises its error — except a table stopped
+on its own (:class:`~cdc_assets.apply.column_types.ColumnTypeError`): it is logged and merged no
+more, the other tables go on, and closing the follower raises it. Whenever the merges have
 caught up (nothing queued, nothing merging), the follower publishes the consistent point the
 tables make, if it is new (``warehouse.consistent_points``). The callbacks that report merges,
 compactions and points run in order on a thread of their own, so a report (a Dagster event, the
@@ -31,6 +33,7 @@ from types import TracebackType
 
 from pyspark.sql import SparkSession
 
+from cdc_assets.apply.column_types import ColumnTypeError
 from cdc_assets.apply.consistent_points import ConsistentPoint, publish_point
 from cdc_assets.apply.maintenance import Maintained, compact_table
 from cdc_assets.apply.runner import TableApplied, apply_table
@@ -77,6 +80,7 @@ class MergeFollower:
         self._closing = False
         self._finish = True
         self._error: BaseException | None = None
+        self._stopped: dict[str, ColumnTypeError] = {}  # tables stopped on their own, merged no more
         self._reports: SimpleQueue[Callable[[], None] | None] = SimpleQueue()  # None: no more
         self._reporter = threading.Thread(target=self._report_all, name="merge-reports", daemon=True)
         workers = max(1, min(config.spark.parallel_merges, len(config.tables)))
@@ -114,6 +118,8 @@ class MergeFollower:
         self._reports.put(None)
         self._reporter.join()  # every merge done is reported
         self._raise_failure()
+        if self._stopped:
+            raise next(iter(self._stopped.values()))
 
     def _raise_failure(self) -> None:
         if self._error is not None:
@@ -137,6 +143,8 @@ class MergeFollower:
                 due = self._due()
                 with self._lock:
                     for table in due:
+                        if table in self._stopped:
+                            continue
                         if table in self._merging:
                             self._again.add(table)
                         elif table not in self._queue:
@@ -157,6 +165,11 @@ class MergeFollower:
                 while (table := self._next()) is not None:
                     try:
                         self._merge(table, session)
+                    except ColumnTypeError as error:
+                        log.error("%s", error)
+                        with self._lock:
+                            self._stopped[table] = error
+                            self._again.discard(table)
                     finally:
                         with self._lock:
                             self._merging.discard(table)

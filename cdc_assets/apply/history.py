@@ -22,6 +22,7 @@ from cdc_assets.changelog.checkpoint import Gap, TableState
 from cdc_assets.changelog.planner import latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.errors import CdcError
+from cdc_assets.faults import fault_point
 from cdc_assets.pgoutput.messages import UNIX_EPOCH, unix_time
 from cdc_assets.pgoutput.records import COMMIT_TIME_TYPE, ChangeChunk, Op, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
@@ -136,6 +137,7 @@ def write_history(
     for key, value in table_properties.items():
         writer = writer.option(key, value)
     writer.save(path)
+    fault_point("history-write")
     return int(rows.num_rows)
 
 

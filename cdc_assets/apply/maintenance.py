@@ -38,6 +38,7 @@ from cdc_assets.apply.target import DeltaTarget, backquote
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, MaintenanceConfig, TableConfig
+from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn
 from cdc_assets.names import TableName
 from cdc_assets.source.lock import TableWriteLock
@@ -92,14 +93,17 @@ def maintain_table(
     if settings.compact_min_files and files.files >= settings.compact_min_files:
         order = f" ZORDER BY ({backquote(key)})" if settings.zorder and key else ""
         target.execute(f"OPTIMIZE {target.sql_name}{order}")
+        fault_point("maintain-optimize")
         steps.append("OPTIMIZE" + (" ZORDER" if order else ""))
         files = table_files(target.path, target.storage_options)
     if settings.purge_min_deletion_vectors and files.deletion_vectors >= settings.purge_min_deletion_vectors:
         target.execute(f"REORG TABLE {target.sql_name} APPLY (PURGE)")
+        fault_point("maintain-purge")
         steps.append("REORG PURGE")
     if settings.vacuum_retention_hours:
         hours = vacuum_hours(settings.vacuum_retention_hours, keep_since_ms, time.time() * 1000)
         target.execute(f"VACUUM {target.sql_name} RETAIN {hours} HOURS")
+        fault_point("maintain-vacuum")
         steps.append("VACUUM" if hours == settings.vacuum_retention_hours else f"VACUUM (retaining {hours} hours)")
         result.vacuumed_files = _vacuumed_files(target)
     result.steps = tuple(steps)

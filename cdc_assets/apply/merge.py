@@ -45,6 +45,7 @@ from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget, backquote, sql_string
 from cdc_assets.changelog.planner import ChangePlan
 from cdc_assets.errors import CdcError
+from cdc_assets.faults import fault_point
 from cdc_assets.pgoutput.records import DeltaColumn, Op, PlanAction
 
 BROADCAST_SOURCE_BYTES = 32 << 20
@@ -113,6 +114,7 @@ def write_plan(
         rows = _rows_to_add(plan, source, filtered)
         if not existed:  # created with its rows: one commit
             inserted = _write_rows(target, None, target.create_statement(plan.relation), rows, names, lsn, batch)
+            fault_point("apply-create")
             return MergeCounts(inserted or 0, write="create")
         deleted = target.read().count()
         idempotent = not rebuild or (target.applied_lsn() or -1) < lsn

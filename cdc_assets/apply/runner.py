@@ -8,6 +8,7 @@ application (Delta's idempotent-write settings are per session).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -22,15 +23,18 @@ from pyspark.sql import SparkSession
 from cdc_assets.apply.catalog import register_mirror
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.session import is_connect, table_session
-from cdc_assets.apply.target import DeltaTarget, app_id
+from cdc_assets.apply.target import DeltaTarget, app_id, is_delta_conflict
 from cdc_assets.changelog.checkpoint import awaiting_copy_reason
 from cdc_assets.changelog.planner import fill_from_history, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
+from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn
 from cdc_assets.names import TableName
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -128,12 +132,32 @@ def apply_tables(
     return [done[i] for i in range(len(selected))]
 
 
+_fenced: set[str] = set()
+"""The Delta tables this process has fenced (:meth:`DeltaTarget.fence`) on a Spark Connect server,
+which finishes a killed client's operations; a local Spark ends with its process."""
+CONFLICT_ATTEMPTS = 5
+"""How often a table's apply starts again after losing a Delta commit to another writer."""
+
+
 def apply_table(
     config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int
 ) -> TableApplied:
     """Apply one table up to the checkpoint ``lsn``; a table found or made is registered in
-    ``warehouse.catalog``."""
-    return _registered(config, table, spark, _apply_table(config, table, spark, reader, lsn))
+    ``warehouse.catalog``.
+
+    A commit that loses to another writer's (a merge of a killed process that its Spark Connect
+    server finished, a second ``apply``) starts the table's apply again from the table's new
+    state: Delta refuses a commit whose applied LSN another commit changed since it read it, so
+    the changes are applied exactly once whoever wins."""
+    attempts = 1
+    while True:
+        try:
+            return _registered(config, table, spark, _apply_table(config, table, spark, reader, lsn))
+        except Exception as error:
+            if not is_delta_conflict(error) or attempts == CONFLICT_ATTEMPTS:
+                raise
+            attempts += 1
+            log.warning("%s: another writer committed to its Delta table meanwhile; applying again", table.name)
 
 
 def _registered(config: Config, table: TableConfig, spark: SparkSession, result: TableApplied) -> TableApplied:
@@ -141,6 +165,7 @@ def _registered(config: Config, table: TableConfig, spark: SparkSession, result:
     table exists."""
     if config.warehouse.catalog is not None and result.applied_lsn is not None:
         register_mirror(spark, config.warehouse.catalog, table.name, result.path)
+        fault_point("apply-register")
     return result
 
 
@@ -150,6 +175,9 @@ def _apply_table(
     started = time.monotonic()
     name = str(table.name)
     target = delta_target(config, table, spark)
+    if is_connect(spark) and target.path not in _fenced:  # the first write of this table in this process
+        target.fence()
+        _fenced.add(target.path)
     applied = target.applied_lsn()
     result = TableApplied(name, target.path, applied)
     checkpoint = reader.checkpoint()
@@ -209,6 +237,7 @@ def rebuild_table(
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")
     counts = write_plan(target, plan, checkpoint.lsn, row_filter=table.row_filter, rebuild=True)
+    fault_point("rebuild-commit")
     result = TableApplied(
         name,
         target.path,

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from deltalake import CommitProperties, Transaction
 from deltalake import DeltaTable as RustDeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
@@ -44,6 +45,7 @@ from cdc_assets.apply.spark_types import spark_type
 from cdc_assets.apply.table_files import data_bytes, data_files
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import StorageError
+from cdc_assets.faults import fault_point
 from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.storage import describe_storage_error
@@ -204,6 +206,42 @@ class DeltaTarget:
             settings[CODEGEN_FACTORY] = "NO_CODEGEN"
         return settings
 
+    def fence(self) -> None:
+        """Record the table's applied LSN again, in a commit of its own, so that a commit another
+        writer started before — a merge that a killed process left running on its Spark Connect
+        server, or in a JVM that outlived it — fails Delta's conflict check (it read the applied
+        LSN this commit sets) instead of landing after this writer planned from the table. A
+        commit that lands before the fence is in the table this writer reads next; one that lands
+        between the fence's read and its commit is found in the version before the fence, whose
+        LSN is then recorded again."""
+        table = self.snapshot()
+        lsn = None if table is None else table.transaction_version(self.app)
+        while table is not None and lsn is not None:
+            try:
+                table.create_write_transaction(
+                    [],
+                    mode="append",
+                    schema=table.schema(),
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(self.app, lsn)], custom_metadata={"cdc_assets": "fence"}
+                    ),
+                )
+            except CommitFailedError:  # another commit won: fence what the table holds now
+                self._wrote()
+                table = self.snapshot()
+                lsn = None if table is None else table.transaction_version(self.app)
+                continue
+            except OSError as error:
+                raise StorageError(
+                    f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
+                ) from None
+            self._wrote()
+            table = self._table()
+            before = applied_lsn(self.path, self.app, self.storage_options, table.version() - 1)
+            if before is None or before <= lsn:
+                return
+            lsn = before
+
     def _table(self) -> RustDeltaTable:
         table = self.snapshot()
         if table is None:
@@ -228,6 +266,7 @@ class DeltaTarget:
         finally:
             self.spark.catalog.dropTempView(view)
             self._wrote()
+        fault_point("apply-create")
 
     def recorded_source_types(self) -> dict[str, SourceType] | None:
         """The source types the table records for its columns (None: none recorded)."""
@@ -282,17 +321,21 @@ class DeltaTarget:
             self.spark.sql(
                 f"ALTER TABLE {self.sql_name} ADD COLUMNS ({backquote(name)} {spark_type(kind).simpleString()}{position})"
             )
+            fault_point("apply-evolve")
         for name in change.drop:
             self.spark.sql(f"ALTER TABLE {self.sql_name} DROP COLUMN {backquote(name)}")
+            fault_point("apply-evolve")
         if change.retype:
             frame = self.read()
             for name, kind in change.retype:
                 frame = frame.withColumn(name, frame[name].cast(spark_type(kind)))
             frame.write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(self.path)
+            fault_point("apply-evolve")
         if change.source_types is not None:
             self.spark.sql(
                 f"ALTER TABLE {self.sql_name} SET TBLPROPERTIES ({sql_string(SOURCE_TYPES)} = {sql_string(change.source_types)})"
             )
+            fault_point("apply-evolve")
 
     def commit(
         self,
@@ -326,6 +369,7 @@ class DeltaTarget:
             for key in settings:
                 conf.unset(key)
             self.spark.catalog.dropTempView(view)
+        fault_point("apply-commit")
         return {name: int(value) for name, value in rows[0].asDict().items()} if rows else {}
 
     def execute(self, statement: str) -> list[Row]:
@@ -335,6 +379,20 @@ class DeltaTarget:
             return self.spark.sql(statement).collect()
         finally:
             self._wrote()
+
+
+DELTA_CONFLICTS = (
+    "[DELTA_CONCURRENT_",
+    "[DELTA_METADATA_CHANGED]",
+    "[DELTA_PROTOCOL_CHANGED]",
+)
+"""The error classes of a Delta commit that lost to another writer's commit since its snapshot."""
+
+
+def is_delta_conflict(error: BaseException) -> bool:
+    """Whether ``error`` is a Delta commit that lost to a concurrent commit (classic or Connect)."""
+    text = str(error)
+    return any(marker in text for marker in DELTA_CONFLICTS)
 
 
 def delta_schema(columns: pa.Schema) -> T.StructType:

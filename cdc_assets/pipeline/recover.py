@@ -122,6 +122,7 @@ def _new_slot(
             gaps=(*checkpoint.gaps, gap),
         ),
     )
+    fault_point("recover-checkpoint")
     return gap
 
 

@@ -63,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -342,10 +343,15 @@ class ServerProbe:
     app: str = ""
 
     def busy(self) -> int:
-        if not self.app:
-            self.app = self._get("applications")[0]["id"]
-        statements = self._get(f"applications/{self.app}/sql?details=false&planDescription=false&length=10000")
-        jobs = self._get(f"applications/{self.app}/jobs?status=running")
+        """Statements and jobs running; 1 when the list could not be read (the server answers 404
+        when it drops an old statement while listing them: look again)."""
+        try:
+            if not self.app:
+                self.app = self._get("applications")[0]["id"]
+            statements = self._get(f"applications/{self.app}/sql?details=false&planDescription=false&length=10000")
+            jobs = self._get(f"applications/{self.app}/jobs?status=running")
+        except urllib.error.HTTPError:
+            return 1
         return sum(1 for s in statements if s["status"] == "RUNNING") + len(jobs)
 
     def wait_idle(self, what: str) -> None:

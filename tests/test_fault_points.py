@@ -53,7 +53,8 @@ OPS_PER_STEP = 15
 class Step:
     """Kill ``command`` at ``point``; ``prepare``: what the point needs first (see :func:`_prepare`);
     ``settles``: whether the command, run again, leaves every mirror current (else a drain and an
-    apply follow); ``maintenance`` and ``retention_hours``: settings of this step's configuration."""
+    apply follow); ``maintenance``, ``retention_hours`` and ``catalog`` (the mirrors registered in
+    ``spark_catalog``, which costs each run a round of metastore calls): this step's settings."""
 
     command: tuple[str, ...]
     point: str
@@ -61,13 +62,14 @@ class Step:
     settles: bool = True
     maintenance: dict[str, int] = field(default_factory=lambda: MAINTENANCE)
     retention_hours: float = 0
+    catalog: bool = False
 
 
 STEPS = (
     Step(("apply",), "apply-create", prepare="drain"),
     # before retention has folded anything (it keeps the log meanwhile): today's history is whole
     Step(("library", "history", f"{SCHEMA}.kinds"), "history-write", prepare="sync", retention_hours=1000),
-    Step(("apply",), "apply-register", prepare="drain"),
+    Step(("apply",), "apply-register", prepare="drain", catalog=True),
     Step(("apply",), "apply-commit", prepare="drain"),
     Step(("apply",), "apply-evolve", prepare="add column"),
     Step(("apply", "--consistent"), "consistent-point", prepare="drain"),
@@ -106,13 +108,17 @@ class Walk:
     server: RunningServer
     workload: Workload
 
-    def write_config(self, maintenance: dict[str, int], retention_hours: float = 0) -> Path:
+    def write_config(self, step: Step) -> Path:
         return write_config(
             self.folder,
             tables_section(TABLES),
             source={"publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 200},
-            changelog={"retention_hours": retention_hours, "fold_min_share": 0},
-            warehouse={"maintenance": maintenance, "small_table_mb": 0, "catalog": "spark_catalog"},
+            changelog={"retention_hours": step.retention_hours, "fold_min_share": 0},
+            warehouse={
+                "maintenance": step.maintenance,
+                "small_table_mb": 0,
+                **({"catalog": "spark_catalog"} if step.catalog else {}),
+            },
             spark={"remote": self.server.address},
         )
 
@@ -163,11 +169,11 @@ def walk(pg: Database, metastore: str, tmp_path: Path) -> Iterator[Walk]:
 
 def test_every_fault_point_killed_and_run_again_leaves_every_mirror_equal_to_its_source(walk: Walk, spark: Any) -> None:
     assert {step.point for step in STEPS} == set(POINTS), "a fault point the walk does not visit"
-    walk.write_config(MAINTENANCE)
+    walk.write_config(STEPS[0])
     walk.run("setup")
     for number, step in enumerate(STEPS, 1):
         started = time.monotonic()
-        walk.write_config(step.maintenance, step.retention_hours)
+        walk.write_config(step)
         walk.workload.run(OPS_PER_STEP, allow_pending=False)
         _prepare(walk, step.prepare)
         killed = walk.run(*step.command, fault=step.point)

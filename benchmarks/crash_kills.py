@@ -28,11 +28,10 @@ traceback, a signal, a message without a remedy — is recorded with its error o
 run at the end. After each kill: the group's processes gone, then its PostgreSQL sessions (those
 named ``cdc-assets:…``) ended, then every Delta table's applied LSN read with delta-rs — it never
 goes back and never passes the change log's checkpoint. A killed client's statement runs on in the
-Spark server, and commits, after the client is gone: before the next command that uses Spark the
-server must have no SQL statement or job running (its UI's REST API), so a command does not meet
-the remains of the one killed before it; so must it before the final sync. ``--overlap`` never
-waits for the server (a command that meets a killed one's commit to the same table fails with
-Delta's ``ConcurrentTransactionException``: the final sync among them).
+Spark server, and commits, after the client is gone. With ``--overlap`` the next command meets it
+there — what the apply's fence and its retry after a lost Delta commit are for (docs/architecture.md,
+"Other writers"); without, before the next command that uses Spark, and before the final sync, the
+server must have no SQL statement or job running (its UI's REST API).
 
 After ``--kills`` kills (the run fails if ``--deadline-seconds`` pass first) the writer stops,
 resolves what it left open and commits one transaction touching every table; one ``cdc-assets

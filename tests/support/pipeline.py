@@ -95,6 +95,9 @@ class Pipeline:
         return setup(self.config(), **kwargs)
 
     def drain(self, **kwargs: Any) -> DrainResult:
+        """``drain``, waiting for the lock by default: the session of the setup or drain just before
+        ends on the server asynchronously, and may still hold it."""
+        kwargs.setdefault("wait", True)
         return drain(self.config(), **kwargs)
 
     def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> CliResult:

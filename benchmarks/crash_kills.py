@@ -83,6 +83,7 @@ from cdc_assets.lsn import format_lsn
 from cdc_sandbox.pgcluster import ThrowawayCluster, free_port
 from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.mirror_diff import compare_all, conform, report, rust_table, without_metadata
+from tests.support.processes import cdc_sessions, group_alive
 from tests.support.rows import multiset, source_table, table_rows
 from tests.support.workload import Workload, tables_section
 
@@ -403,29 +404,6 @@ class Bench:
         return subprocess.run(argv, env=self.env, cwd=self.work, capture_output=True, text=True, timeout=timeout)
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a live (non-zombie) process of process group ``pgid`` is left."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def sessions(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    """The source's sessions a command opened (every one is named ``cdc-assets:<purpose>``)."""
-    return conn.execute(
-        "SELECT pid, application_name, state, wait_event FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name LIKE 'cdc-assets:%' AND pid <> pg_backend_pid()"
-    ).fetchall()
-
-
 def wait_for(condition: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -539,9 +517,9 @@ def after_kill(
     wait_for(lambda: not group_alive(pgid), GROUP_TIMEOUT_S, f"the processes of {tally.previous} to end")
     waited = time.monotonic()
     try:
-        wait_for(lambda: not sessions(monitor), SESSIONS_TIMEOUT_S, f"the sessions of {tally.previous} to end")
+        wait_for(lambda: not cdc_sessions(monitor), SESSIONS_TIMEOUT_S, f"the sessions of {tally.previous} to end")
     except RuntimeError as error:
-        raise RuntimeError(f"{error}: {sessions(monitor)}") from None
+        raise RuntimeError(f"{error}: {cdc_sessions(monitor)}") from None
     tally.session_wait_s += time.monotonic() - waited
     check_after_kill(config, applied, tally, tally.previous)
 

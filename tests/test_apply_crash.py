@@ -78,6 +78,7 @@ from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.database import Database
 from tests.support.mirror_diff import compare_all, fast_spark, report, rust_table
 from tests.support.pipeline import wait_until
+from tests.support.processes import cdc_sessions, group_alive
 from tests.support.workload import Workload, tables_section
 
 pytestmark = pytest.mark.slow  # not in the quick tier
@@ -190,7 +191,7 @@ class Attempt:
     def kill(self) -> None:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
-        wait_until(lambda: not _group_alive(self.process.pid), 60, "the killed sync's process group (JVM) to end")
+        wait_until(lambda: not group_alive(self.process.pid), 60, "the killed sync's process group (JVM) to end")
 
     def output(self) -> str:
         lines = sorted(self.stdout + self.stderr)
@@ -200,21 +201,6 @@ class Attempt:
 def _pump(stream: Any, lines: list[tuple[float, str]]) -> None:
     for line in stream:
         lines.append((time.monotonic(), line.rstrip("\n")))
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a live (non-zombie) process of process group ``pgid`` is left."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
 
 
 def files_since(root: Path, since: float) -> int:
@@ -228,13 +214,6 @@ def files_since(root: Path, since: float) -> int:
             except FileNotFoundError:
                 pass
     return count
-
-
-def _sessions(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    return conn.execute(
-        "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
-        " AND application_name LIKE 'cdc-assets:%' AND pid <> pg_backend_pid()"
-    ).fetchall()
 
 
 def lock_granted(conn: psycopg.Connection[Any]) -> bool:
@@ -312,7 +291,7 @@ def test_sync_killed_at_random_points(pg: Database, spark: Any, tmp_path: Path) 
                 flush=True,
             )
             # The killed drain's sessions end when the server notices; the next sync must not see them.
-            wait_until(lambda: not _sessions(monitor), 60, "the killed sync's sessions to end")
+            wait_until(lambda: not cdc_sessions(monitor), 60, "the killed sync's sessions to end")
             _check_after_kill(config, applied_before)
     finally:
         monitor.close()

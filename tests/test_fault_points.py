@@ -37,6 +37,7 @@ from tests.support.database import Database
 from tests.support.mirror import ROOT, child_environ
 from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.pipeline import wait_until
+from tests.support.processes import cdc_sessions
 from tests.support.spark_server import RunningServer, start_server
 from tests.support.workload import Workload, tables_section
 
@@ -220,16 +221,7 @@ def _again(command: tuple[str, ...]) -> tuple[str, ...]:
 def _wait_for_killed_sessions(pg: Database) -> None:
     """The killed command's sessions end when the server notices; the next command must not meet them."""
     with psycopg.connect(pg.dsn, autocommit=True) as conn:
-        wait_until(
-            lambda: (
-                not conn.execute(
-                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND application_name LIKE 'cdc-assets:%' AND pid <> pg_backend_pid()"
-                ).fetchall()
-            ),
-            60,
-            "the killed command's sessions to end",
-        )
+        wait_until(lambda: not cdc_sessions(conn), 60, "the killed command's sessions to end")
 
 
 def _without_traces(stderr: str) -> str:

@@ -44,6 +44,7 @@ from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from tests.support.config_file import DSN_VARIABLE, write_config
 from tests.support.pipeline import wait_until
+from tests.support.processes import cdc_sessions
 
 EVENTS = "public.events"
 LEDGER = "public.ledger"
@@ -176,11 +177,8 @@ class DrainMonitor:
     def close(self) -> None:
         self.conn.close()
 
-    def sessions(self) -> list[tuple[int, str]]:
-        return self.conn.execute(
-            "SELECT pid, application_name FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name LIKE 'cdc-assets:%' AND pid <> pg_backend_pid()"
-        ).fetchall()
+    def sessions(self) -> list[tuple[Any, ...]]:
+        return cdc_sessions(self.conn)
 
     def lock_granted(self) -> bool:
         """The drain lock is held: the drain is past start-up, about to reconcile and batch."""

@@ -1,5 +1,7 @@
 """Commands run as a user runs them, in a subprocess, and the processes they start: for the tests
-that stop a command with SIGTERM and check that nothing it started survives."""
+that stop a command with SIGTERM and check that nothing it started survives, and for those that
+kill one and wait until its processes (:func:`group_alive`) and its sessions on the source
+(:func:`cdc_sessions`) are gone."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import psutil
+import psycopg
 
 from tests.support.pipeline import wait_until
 
@@ -107,3 +111,27 @@ def sigterm_and_check(command: Command, started: list[psutil.Process], exit_code
         wait_until(lambda: not survivors(), 60, "every process the command started to end")
     except TimeoutError:
         raise AssertionError(f"still running 60 s after the command ended: {survivors()}") from None
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process of process group ``pgid`` is left."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def cdc_sessions(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    """The sessions of ``conn``'s database that cdc-assets opened (every one is named
+    ``cdc-assets:<purpose>``): pid, application name, state, wait event."""
+    return conn.execute(
+        "SELECT pid, application_name, state, wait_event FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name LIKE 'cdc-assets:%' AND pid <> pg_backend_pid()"
+    ).fetchall()

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from pyspark.sql import types as T
 
-from cdc_assets.apply.spark_types import spark_type
+from cdc_assets.apply.spark_types import delta_arrow_type, spark_type
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.records import ChangeChunk, RecordColumn
@@ -80,7 +80,7 @@ def check_column_types(
             held = {}
         sources = source_types(chunk.relation)
         for field in chunk.records.schema.field("new").type:
-            kind, source = spark_type(field.type), sources.get(field.name)
+            kind, source = spark_type(delta_arrow_type(field.type)), sources.get(field.name)
             before = held.get(field.name)
             if before is not None and before[0] != kind and source is not None and before[1] == source:
                 lsns = chunk.records.column(RecordColumn.END_LSN)

@@ -211,6 +211,8 @@ def _setup(args: argparse.Namespace) -> int:
             print(f"  {table}: {rows:,} rows")
     for copied in result.copied:
         print(f"copied online: {copied.summary()}")
+    if result.ddl_capture is not None and (line := result.ddl_capture.line()) is not None:
+        print(line)
     if not (result.created_slot or result.added or result.removed or result.copied):
         print(f"already set up: slot {config.source.slot} and the change log at {config.changelog.path} exist")
         return 0

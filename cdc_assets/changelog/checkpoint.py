@@ -82,7 +82,9 @@ class TableState:
     """What the log holds for one table: ``snapshot_run`` is its latest copy (an online snapshot
     run or a compacted base); ``folded`` says which of its changes retention removed;
     ``awaiting_copy`` (a recovery's slot point) holds the table until a copy at or after it is
-    announced: its Delta table lacks the changes of the gap."""
+    announced: its Delta table lacks the changes of the gap. ``last_ddl_lsn``: the end LSN of the
+    last transaction with a captured schema change of the table ("DDL in the stream"); schema
+    changes alone do not move ``last_change_lsn``."""
 
     last_change_lsn: int
     schema_version: int
@@ -90,6 +92,7 @@ class TableState:
     snapshot_run: SnapshotRunRef | None = None
     folded: Folded | None = None
     awaiting_copy: int | None = None
+    last_ddl_lsn: int | None = None
 
     def held_by(self, applied: int | None) -> bool:
         """Whether a Delta table whose applied LSN is ``applied`` holds every change logged for it."""
@@ -158,6 +161,7 @@ class Checkpoint:
                     "snapshot_run": state.snapshot_run.to_json() if state.snapshot_run else None,
                     "folded": state.folded.to_json() if state.folded else None,
                     "awaiting_copy": state.awaiting_copy,
+                    "last_ddl_lsn": state.last_ddl_lsn,
                 }
                 for name, state in sorted(self.tables.items())
             },
@@ -194,6 +198,7 @@ class Checkpoint:
                     SnapshotRunRef.from_json(s["snapshot_run"]) if s.get("snapshot_run") else None,
                     Folded.from_json(s["folded"]) if s.get("folded") else None,
                     s.get("awaiting_copy"),
+                    s.get("last_ddl_lsn"),
                 )
                 for name, s in data.get("tables", {}).items()
             },

@@ -27,6 +27,7 @@ from cdc_assets.changelog.layout import (
     table_folder,
     table_of_folder,
 )
+from cdc_assets.changelog.schema_changes import SchemaChangeMessage, TableDdl
 from cdc_assets.changelog.segment_file import RELATION_KEY
 from cdc_assets.changelog.segment_stats import column_max
 from cdc_assets.changelog.snapshot_runs import SnapshotRunRef, run_store
@@ -34,6 +35,7 @@ from cdc_assets.changelog.store import TEMPORARY_MARK, LogStore
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.records import ChangeChunk, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.source.ddl_capture import DDL_PREFIX
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,6 +135,28 @@ class ChangeLogReader:
     def messages(self, after: int = -1, upto: int | None = None) -> pa.Table:
         """Logical decoding messages (``pg_logical_emit_message``) logged in ``(after, upto]``."""
         return self._read_log(MESSAGES, "lsn", after, upto)
+
+    def schema_changes(self, table: str, after: int = -1, upto: int | None = None) -> list[TableDdl]:
+        """The table's captured schema changes in transactions with end LSN in ``(after, upto]``,
+        in the order of its change records (commit LSN, position); ``messages/`` is read only when
+        the checkpoint notes one after ``after``."""
+        checkpoint = self.require_checkpoint()
+        state = checkpoint.tables.get(table)
+        if state is None or state.last_ddl_lsn is None or state.last_ddl_lsn <= after:
+            return []
+        rows = self._read_log(MESSAGES, "end_lsn", after, upto)
+        if not rows.num_rows:
+            return []
+        rows = rows.filter(pc.equal(rows.column("prefix"), DDL_PREFIX))
+        times = rows.column("commit_time").cast(pa.int64()).to_pylist()
+        found = []
+        for row, commit_time_us in zip(rows.to_pylist(), times):
+            message = SchemaChangeMessage.decode(row["content"], row["lsn"], checkpoint.slot)
+            if message.slot == checkpoint.slot and message.qualified_name == table:
+                found.append(
+                    TableDdl(row["commit_lsn"], row["end_lsn"], row["position"], row["lsn"], commit_time_us, message)
+                )
+        return sorted(found, key=lambda d: (d.commit_lsn, d.position))
 
     def remove_stale(self) -> None:
         """Delete what no checkpoint covers: files of a batch that died before its checkpoint,

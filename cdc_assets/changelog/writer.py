@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from cdc_assets.changelog.checkpoint import Checkpoint, PreparedEntry, TableState
 from cdc_assets.changelog.encoding import from_storage, to_storage
 from cdc_assets.changelog.layout import MESSAGES, TRANSACTIONS, SegmentName, prepared_folder, table_folder
+from cdc_assets.changelog.schema_changes import SchemaChangeMessage
 from cdc_assets.changelog.segment_file import (
     PARQUET_OPTIONS,
     RELATION_KEY,
@@ -33,6 +34,7 @@ from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.messages import LogicalDecodingMessage
 from cdc_assets.pgoutput.records import RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
+from cdc_assets.source.ddl_capture import DDL_PREFIX
 from cdc_assets.transactions import CommitInfo, PreparedTransaction, TransactionalMessage, with_commit_columns
 
 TRANSACTION_SCHEMA = pa.schema(
@@ -294,6 +296,8 @@ class BatchWriter:
     def _message(self, message: LogicalDecodingMessage, info: CommitInfo, position: int) -> None:
         if message.prefix == SNAPSHOT_RUN_PREFIX:
             self._snapshot_run(SnapshotRunAnnouncement.decode(message.content, message.lsn), info.end_lsn)
+        elif message.prefix == DDL_PREFIX:
+            self._schema_change(SchemaChangeMessage.decode(message.content, message.lsn, self.start.slot), info.end_lsn)
         self._messages.append(
             {
                 "lsn": message.lsn,
@@ -333,6 +337,13 @@ class BatchWriter:
             snapshot_run=ref,
             awaiting_copy=awaiting if awaiting is not None and run.consistent_point < awaiting else None,
         )
+
+    def _schema_change(self, change: SchemaChangeMessage, end_lsn: int) -> None:
+        """Note a captured schema change of a table the log knows, by this log's slot's capture (another
+        installation's messages, and those of tables without a copy yet, stay in ``messages/`` only)."""
+        state = self._tables.get(change.qualified_name)
+        if change.slot == self.start.slot and state is not None:
+            self._tables[change.qualified_name] = replace(state, last_ddl_lsn=end_lsn)
 
     def _take_prepared(self, gid: str, end_lsn: int) -> PreparedEntry:
         entry = self._prepared.pop(gid, None)

@@ -48,7 +48,8 @@ class SourceConfig:
     """Where changes come from (``source``). ``dsn`` is a libpq connection string or URI;
     ``snapshot_workers`` connections copy the initial snapshot (default: the machine's cores);
     ``failover``: the slot is a failover slot (PostgreSQL 17+), synced to standbys; ``standby_dsn``:
-    a standby whose synced copy of the slot ``status`` reports."""
+    a standby whose synced copy of the slot ``status`` reports; ``ddl_capture``: ``setup`` installs
+    the event triggers that put each DDL of a published table in the stream (off: removes them)."""
 
     dsn: str = field(repr=False, metadata={"kind": "text", "options": {}})
     publication: str = setting("cdc_pub")
@@ -60,6 +61,7 @@ class SourceConfig:
     heartbeat: bool = setting(False, "flag")
     snapshot_workers: int = setting(kind="positive", factory=lambda: os.cpu_count() or 1)
     failover: bool = setting(False, "flag")
+    ddl_capture: bool = setting(True, "flag")
     standby_dsn: str | None = field(default=None, repr=False, metadata={"kind": "optional_text", "options": {}})
 
 

@@ -36,7 +36,9 @@ from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, copy_
 from cdc_assets.pipeline.server_check import recognise_server
 from cdc_assets.pipeline.snapshot_copy import CopiedSnapshot, copy_snapshot
 from cdc_assets.source import (
+    DdlCapture,
     DrainLock,
+    apply_ddl_capture,
     check_source,
     connect,
     copy_again_when_rewritten,
@@ -57,7 +59,8 @@ SETUP_MARKER = "_setup.json"
 @dataclass(slots=True)
 class SetupResult:
     """What setup did: whether it created the publication and slot, the rows of its initial copy,
-    the tables it added to or dropped from the publication, and the tables it copied online."""
+    the tables it added to or dropped from the publication, the tables it copied online, and what
+    it did with DDL capture."""
 
     created_publication: bool = False
     created_slot: bool = False
@@ -66,6 +69,7 @@ class SetupResult:
     added: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     copied: list[TableCopied] = field(default_factory=list)
+    ddl_capture: DdlCapture | None = None
     elapsed_s: float = 0.0
 
 
@@ -105,6 +109,7 @@ def setup(
         result.added = [str(t) for t in publication.added]
         if prune:
             result.removed = [str(t) for t in prune_publication(conn, config)]
+        result.ddl_capture = apply_ddl_capture(conn, source)  # before the slot: no DDL after it goes unseen
         if checkpoint is None:
             _create_slot_and_copy(config, conn, store, slot is not None, result, progress)
     if checkpoint is not None:  # the drain goes on while the tables the log has no copy of are copied

@@ -1,6 +1,6 @@
 """Everything that talks to the source database (psycopg 3): connections, checks, publication,
 slot state and creation, what a slot holds back (held WAL, the transaction that pins it), the
-exported-snapshot copy, catalog look-ups, heartbeat and the drain lock. The slot's stream is
+exported-snapshot copy, catalog look-ups, heartbeat, DDL capture and the drain lock. The slot's stream is
 :mod:`cdc_assets.stream`'s."""
 
 from cdc_assets.source.catalog import column_ndims, describe_table, load_type_catalog
@@ -18,6 +18,7 @@ from cdc_assets.source.connection import (
     connect,
     server_major,
 )
+from cdc_assets.source.ddl_capture import DDL_PREFIX, DdlCapture, apply_ddl_capture
 from cdc_assets.source.heartbeat import HEARTBEAT_PREFIX, emit_heartbeat
 from cdc_assets.source.lock import DrainLock, TableCopyLock, TableWriteLock, drain_lock_key
 from cdc_assets.source.publication import (
@@ -37,9 +38,11 @@ from cdc_assets.source.snapshot import (
 )
 
 __all__ = [
+    "DDL_PREFIX",
     "HEARTBEAT_PREFIX",
     "HELD_WAL_WARN_BYTES",
     "PINNED_SETTINGS",
+    "DdlCapture",
     "DrainLock",
     "ExportedSnapshot",
     "HeldWal",
@@ -49,6 +52,7 @@ __all__ = [
     "SnapshotReader",
     "TableCopyLock",
     "TableWriteLock",
+    "apply_ddl_capture",
     "apply_pinned_settings",
     "check_source",
     "column_ndims",

@@ -61,6 +61,14 @@ def test_merge_with_drain_is_a_flag() -> None:
         parse(EXAMPLE + "schedule: {merge_with_drain: yes please}\n", CDC_SOURCE_DSN="x")
 
 
+def test_ddl_capture_is_a_flag_on_by_default() -> None:
+    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").source.ddl_capture is True
+    off = parse(EXAMPLE.replace("source:\n", "source:\n  ddl_capture: false\n", 1), CDC_SOURCE_DSN="x")
+    assert off.source.ddl_capture is False
+    with pytest.raises(ConfigError, match=r"source.ddl_capture: expected true or false, got 'sometimes'"):
+        parse(EXAMPLE.replace("source:\n", "source:\n  ddl_capture: sometimes\n", 1), CDC_SOURCE_DSN="x")
+
+
 def test_a_dagster_runs_concurrent_steps_and_the_parallel_merges_of_one_spark_are_two_settings() -> None:
     defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x")
     assert defaults.schedule.run_max_concurrent == 2 and defaults.spark.parallel_merges == 4

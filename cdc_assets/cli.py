@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, TextIO
 
+from cdc_assets.apply.connect_loss import connect_lost
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, SparkConfig, TableConfig, config_path, load_config
 from cdc_assets.errors import CdcError, ConfigError
@@ -85,6 +86,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except CdcError as error:
         print(f"cdc-assets: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:
+        if not connect_lost(error):
+            raise
+        print(
+            f"cdc-assets: the Spark Connect server (spark.remote) went away or was started again"
+            f" ({str(error).splitlines()[0]}); nothing past the last Delta commit was written:"
+            f" run the command again once the server answers",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print("cdc-assets: interrupted; nothing past the last checkpoint was advanced", file=sys.stderr)
@@ -381,6 +392,7 @@ def _sync(args: argparse.Namespace) -> int:
             lambda compacted: print(f"compacted {compacted.summary()}", flush=True),
         ) as merges:
             _drain(args, config, on_batch=lambda _: merges.batch_durable())
+        spark = merges.spark
     else:
         _drain(args, config)
         spark = _spark(config)

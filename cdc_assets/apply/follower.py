@@ -34,10 +34,16 @@ from types import TracebackType
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.column_types import ColumnTypeError
+from cdc_assets.apply.connect_loss import connect_lost
 from cdc_assets.apply.consistent_points import ConsistentPoint, publish_point
 from cdc_assets.apply.maintenance import Maintained, compact_table
-from cdc_assets.apply.runner import TableApplied, apply_table
-from cdc_assets.apply.session import table_session
+from cdc_assets.apply.runner import TableApplied, apply_table, forget_fences
+from cdc_assets.apply.session import (
+    connect_session_closed,
+    discard_connect_session,
+    spark_session,
+    table_session,
+)
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import TableState, read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -101,6 +107,11 @@ class MergeFollower:
     ) -> None:
         self.close(finish=kind is None)
 
+    @property
+    def spark(self) -> SparkSession:
+        """The session the follower was given, or the one that replaced it once lost."""
+        return self._given_session()
+
     def batch_durable(self) -> None:
         """A batch is durable: merge the tables it changed (raises a merge's failure)."""
         self._raise_failure()
@@ -156,20 +167,44 @@ class MergeFollower:
             self._failed(error)
 
     def _work(self, own_session: bool) -> None:
-        """Merge queued tables one at a time until closed and (when finishing) nothing is left."""
+        """Merge queued tables one at a time until closed and (when finishing) nothing is left. A
+        merge whose Spark Connect session was lost (:func:`connect_lost`) is merged again on a new
+        session, after each pause of a :class:`Backoff`."""
         try:
-            with ExitStack() as stack:
-                session = (
-                    stack.enter_context(table_session(self._spark, self._config.spark)) if own_session else self._spark
-                )
+            backoff = Backoff()
+            with ExitStack() as held:
+                session = given = None
                 while (table := self._next()) is not None:
+                    pause = None
                     try:
+                        if session is None:
+                            given = self._given_session()
+                            session = (
+                                held.enter_context(table_session(given, self._config.spark)) if own_session else given
+                            )
                         self._merge(table, session)
+                        backoff.reset()
                     except ColumnTypeError as error:
                         log.error("%s", error)
                         with self._lock:
                             self._stopped[table] = error
                             self._again.discard(table)
+                    except Exception as error:
+                        if not connect_lost(error):
+                            raise
+                        pause = backoff.next_pause()
+                        log.warning(
+                            "merge of %s: the Spark Connect server went away or was started again (%s);"
+                            " merging again on a new session in %.0f s",
+                            table,
+                            str(error).splitlines()[0],
+                            pause,
+                        )
+                        held.close()  # this worker's own session
+                        self._session_lost(given)
+                        session = None
+                        with self._lock:
+                            self._again.add(table)
                     finally:
                         with self._lock:
                             self._merging.discard(table)
@@ -178,10 +213,29 @@ class MergeFollower:
                                 self._queue.append(table)
                             lined_up = not self._queue and not self._merging
                             self._lock.notify_all()
-                    if lined_up and self._config.warehouse.consistent_points:
+                    if pause is not None:
+                        with self._lock:
+                            self._lock.wait_for(lambda: self._closing and not self._finish, timeout=pause)
+                    elif lined_up and self._config.warehouse.consistent_points:
                         self._publish_point()
         except BaseException as error:  # noqa: BLE001 - handed to the drain's thread, which raises it
             self._failed(error)
+
+    def _given_session(self) -> SparkSession:
+        """The session the follower was given, or the new one that replaced it once lost."""
+        with self._lock:
+            if connect_session_closed(self._spark):
+                self._spark = spark_session(self._config.spark)
+            return self._spark
+
+    def _session_lost(self, given: SparkSession | None) -> None:
+        """A merge lost its Spark Connect session: so did ``given`` (the server's sessions end
+        together), unless another worker replaced it already; a merge of the lost session may still
+        run on the server, so every table is fenced again before its next write."""
+        with self._lock:
+            if given is not None and given is self._spark:
+                discard_connect_session(given)
+        forget_fences()
 
     def _next(self) -> str | None:
         """The next table to merge, or None once closed with nothing left to do (or not finishing)."""

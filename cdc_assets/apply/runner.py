@@ -135,6 +135,14 @@ def apply_tables(
 _fenced: set[str] = set()
 """The Delta tables this process has fenced (:meth:`DeltaTarget.fence`) on a Spark Connect server,
 which finishes a killed client's operations; a local Spark ends with its process."""
+
+
+def forget_fences() -> None:
+    """This process lost its Spark Connect session (the server went away or was started again):
+    a merge it started may still run there, so each table is fenced again before its next write."""
+    _fenced.clear()
+
+
 CONFLICT_ATTEMPTS = 5
 """How often a table's apply starts again after losing a Delta commit to another writer."""
 

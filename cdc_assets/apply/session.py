@@ -35,6 +35,7 @@ from cdc_assets.apply.resolved_jars import ivy_home, record_jars, recorded_jars
 from cdc_assets.config import SparkConfig
 from cdc_assets.errors import ConfigError
 from cdc_assets.interrupts import interrupts_deferred
+from cdc_assets.source.reconnect import RECONNECT_SECONDS
 
 DELTA_JARS_VERSION = "4.4.0"
 SCALA_VERSION = "2.13"
@@ -194,12 +195,12 @@ def table_session(spark: SparkSession, config: SparkConfig) -> Iterator[SparkSes
         return
     if config.remote is None:
         raise ConfigError("a second Spark Connect session needs the server's address: set spark.remote")
-    session = _remote_builder(config).create()
+    session = _connect(config)
     try:
         _copy_settings(spark, session)
         yield session
     finally:
-        session.stop()
+        _release(session, config.remote)
 
 
 def _copy_settings(source: SparkSession, target: SparkSession) -> None:
@@ -213,6 +214,8 @@ def _copy_settings(source: SparkSession, target: SparkSession) -> None:
 SESSION_SETTING_PREFIXES = ("spark.sql.", "spark.databricks.")
 DEFAULT_CONNECT_PORT = 15002  # Spark Connect's, when an sc:// address names none
 _CONNECT_SESSIONS: dict[str, SparkSession] = {}  # this process's session per Spark Connect server
+CONNECT_RETRY_MAX_SECONDS = RECONNECT_SECONDS[-1]
+CONNECT_RETRIES = 64  # with the pause at most CONNECT_RETRY_MAX_SECONDS: about ten minutes
 
 
 def close_connect_sessions() -> None:
@@ -221,10 +224,42 @@ def close_connect_sessions() -> None:
     open session calls its server and, when the server is gone, retries for minutes."""
     while _CONNECT_SESSIONS:
         address, session = _CONNECT_SESSIONS.popitem()
-        if _answers(address):
-            session.stop()
-        else:
-            session.client.close()
+        _release(session, address)
+
+
+def _release(session: SparkSession, address: str) -> None:
+    """Stop ``session``: released on its server, or, where the server no longer answers, only
+    disconnected (a release would wait through the client's retries)."""
+    if _answers(address):
+        session.stop()
+    else:
+        session.client.close()
+
+
+def discard_connect_session(session: SparkSession) -> None:
+    """Close ``session``'s connection without a call to its server, which lost it; the next
+    :func:`spark_session` for the server opens a new one."""
+    if not connect_session_closed(session):
+        session.client.close()
+
+
+def connect_session_closed(session: SparkSession) -> bool:
+    """Whether ``session`` is a Spark Connect session whose connection is closed."""
+    return bool(getattr(session, "is_stopped", False))  # a Connect session's property
+
+
+def _connect(config: SparkConfig, app_name: str | None = None) -> SparkSession:
+    """A new session on the Spark Connect server at ``spark.remote``, whose calls are retried
+    while the server does not answer, at least every :data:`CONNECT_RETRY_MAX_SECONDS` and for
+    about ten minutes in all (the client's own default waits up to a minute between attempts)."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    builder = _remote_builder(config)
+    session = (builder.appName(app_name) if app_name else builder).create()
+    session.client.set_retry_policies(
+        [DefaultPolicy(max_retries=CONNECT_RETRIES, max_backoff=int(CONNECT_RETRY_MAX_SECONDS * 1000))]
+    )
+    return session
 
 
 def _answers(address: str) -> bool:
@@ -272,8 +307,8 @@ def spark_session(config: SparkConfig, app_name: str = "cdc-assets") -> SparkSes
         _require_connect_client()
         # not getOrCreate: pyspark refuses a remote session in a process that has a classic one
         session = _CONNECT_SESSIONS.get(config.remote)
-        if session is None or getattr(session, "is_stopped", False):  # a Connect session property
-            session = _CONNECT_SESSIONS[config.remote] = _remote_builder(config).appName(app_name).create()
+        if session is None or connect_session_closed(session):
+            session = _CONNECT_SESSIONS[config.remote] = _connect(config, app_name)
             # registered after the session's own exit hook, so it runs first (atexit is last in, first out)
             atexit.unregister(close_connect_sessions)
             atexit.register(close_connect_sessions)

@@ -41,6 +41,15 @@ class RunningServer:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(STOP_TIMEOUT_S)
 
+    def crash(self) -> None:
+        """SIGKILL the server's JVM (a process group of its own) and the command that started it."""
+        children = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True, check=False)
+        for pid in children.stdout.split():
+            os.killpg(int(pid), signal.SIGKILL)
+        self.process.kill()
+        self.process.wait(STOP_TIMEOUT_S)
+        wait_until(lambda: not listening(self.port), 30, "the killed server's port to close")
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -56,11 +65,14 @@ def listening(port: int) -> bool:
         return False
 
 
-def start_server(folder: Path, *options: str, environ: dict[str, str] | None = None) -> RunningServer:
+def start_server(
+    folder: Path, *options: str, environ: dict[str, str] | None = None, port: int | None = None
+) -> RunningServer:
     """``cdc-assets spark-server [options]`` in ``folder`` (no configuration file there: a plain
-    server with Delta, unless ``options`` name one), waited on until it prints its address."""
+    server with Delta, unless ``options`` name one) on ``port`` (None: a free one), waited on until
+    it prints its address."""
     folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     environ = {k: v for k, v in os.environ.items() if k != "CDC_CONFIG"} | (environ or {})
     process = subprocess.Popen(
         [

@@ -1,9 +1,11 @@
-"""A following drain rides out its PostgreSQL server crashing (``pg_ctl -m immediate stop``) and
-starting again while a writer commits under load (docs/architecture.md, "Interrupts and lost
-connections"): every connection is reopened, the drain lock taken again, and nothing is lost or
-duplicated.
+"""A following ``sync`` (or drain) rides out the faults of the world it runs in, under a write load
+(docs/architecture.md, "Interrupts and lost connections"): its PostgreSQL server crashing
+(``pg_ctl -m immediate stop``) and starting again — every connection is reopened and the drain
+lock taken again — and its Spark Connect server killed mid-merge and started again — the merges
+wait, then go on with new sessions. Nothing is lost or duplicated, and every mirror ends equal to
+its source.
 
-Each test crashes a throwaway cluster of its own (never the shared one of the ``pg`` fixture). The
+Each test crashes a server of its own (never the shared cluster of the ``pg`` fixture). The
 writer (:class:`~tests.support.crash.WriterThread` with ``restarts``) reconnects by itself and
 settles a COMMIT the crash cut off by its ledger row. A crash waits until the drain has noticed
 and failed to reach the server at least once more (its "reconnecting" warnings) before the server
@@ -53,13 +55,16 @@ from tests.support.database import Database, create_database
 from tests.support.mirror import CLI_SPARK
 from tests.support.mirror_diff import assert_delta_equals_source
 from tests.support.pipeline import wait_until
+from tests.support.spark_server import start_server
 
 SLOT = "restart_slot"
 WRITER_RATE = 30.0  # transactions per second
 COMMIT_SECONDS = 0.5  # drain.commit_seconds: many durable batches (and merges) between the crashes
 DRAIN_FOLLOW_S = 15.0  # the crash and restart take about 5 s of it here
 SYNC_FOLLOW_S = 75.0
+CONNECT_FOLLOW_S = 110.0  # two starts of the Spark Connect server, and merges on a cold server after the second
 RECONNECTING = "reconnecting in"
+CONNECT_LOST = "the Spark Connect server went away or was started again"
 
 
 @pytest.fixture
@@ -303,14 +308,62 @@ def test_sync_follow_rides_out_two_crashes_of_its_server(server: Database, tmp_p
         sync.kill()
     assert code == 0, sync.output()
     assert writer.outages >= 2
-    verified = verify_log(tmp_path / "changelog", server.dsn, SLOT, workload)
+    _assert_exact(path, server, workload)
+
+
+def _assert_exact(path: Path, server: Database, workload: LedgerWorkload) -> None:
+    """The change log holds every transaction exactly once, each table's Delta table every change
+    the log holds for it (nothing past the checkpoint), and each equals its source."""
+    verified = verify_log(path.parent / "changelog", server.dsn, SLOT, workload)
     assert verified.transactions == workload.count
     workload.close()
     config = load_config(path, environ={DSN_VARIABLE: server.dsn})
     checkpoint = ChangeLogReader(changelog_store(config)).require_checkpoint()
-    for table in config.tables:  # every change the log holds for it, nothing past the checkpoint
+    for table in config.tables:
         applied = table_applied_lsn(config, table)
         assert checkpoint.tables[str(table.name)].held_by(applied) and applied <= checkpoint.lsn, (table, applied)
     with server.connect() as conn:
         assert_delta_equals_source(conn, config)
     assert_no_litter(verified)
+
+
+@pytest.mark.slow
+def test_sync_follow_rides_out_its_spark_connect_server_killed_mid_merge(server: Database, tmp_path: Path) -> None:
+    """``cdc-assets sync --follow`` over a Spark Connect server while a writer commits: the server
+    is SIGKILLed just as a merge starts, and started again on its port once the drain has made a
+    batch durable without it; the merges wait (the client's retries), then find their session gone and merge again
+    on new sessions, fenced first; the command exits 0 and every mirror equals its source."""
+    connect = start_server(tmp_path / "connect")
+    path = _setup(server, tmp_path, spark={"remote": connect.address})
+    workload = LedgerWorkload(server.dsn, seed=13, large_share=0.02, plain_share=0.0)
+    writer = WriterThread(workload, WRITER_RATE)
+    writer.start()
+    sync = _Sync(path, server.dsn, CONNECT_FOLLOW_S)
+    started = time.monotonic()
+
+    def merged() -> int:
+        return sync.count(" applied LSN ", err=False)
+
+    try:
+        wait_until(lambda: not sync.running() or merged() > 0, 240, "a first merge")
+        before = merged()
+        wait_until(lambda: not sync.running() or merged() > before, 60, "a merge ending (the next one starts)")
+        assert sync.running(), sync.output()
+        connect.crash()
+        _drained_past_now(path, server.dsn, sync, "a durable batch while the Spark Connect server is down")
+        connect = start_server(tmp_path / "connect", port=connect.port)
+        back, before = time.monotonic(), merged()
+        wait_until(lambda: not sync.running() or merged() > before, 120, "a merge after the server is back")
+        assert sync.running(), sync.output()
+        print(f"merging again {time.monotonic() - back:.1f} s after the Spark Connect server listened again")
+        assert sync.count(CONNECT_LOST) >= 1, sync.output()
+        writer.stop()
+        _drained_past_now(path, server.dsn, sync, "the writer's last transaction")
+        code = sync.wait(timeout=CONNECT_FOLLOW_S + 300 - (time.monotonic() - started))
+    finally:
+        writer.stopping.set()
+        sync.kill()
+        if connect.process.poll() is None:
+            connect.stop()
+    assert code == 0, sync.output()
+    _assert_exact(path, server, workload)

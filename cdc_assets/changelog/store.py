@@ -96,14 +96,16 @@ class LogStore:
             return None
 
     @contextmanager
-    def _reaching(self) -> Iterator[None]:
+    def _reaching(self, action: str = "read") -> Iterator[None]:
         """A storage failure (not a missing file) as a :class:`StorageError` naming the log's root."""
         try:
             yield
         except FileNotFoundError:
             raise
         except OSError as error:
-            raise StorageError(f"cannot read the change log at {self.root}: {describe_storage_error(error)}") from None
+            raise StorageError(
+                f"cannot {action} the change log at {self.root}: {describe_storage_error(error)}"
+            ) from None
 
     @contextmanager
     def create(self, name: str) -> Iterator[IO[bytes] | pa.NativeFile]:
@@ -116,24 +118,26 @@ class LogStore:
                 handle.flush()
                 os.fsync(handle.fileno())
         else:
-            with self.fs.open_output_stream(path) as stream:
+            with self._reaching("write"), self.fs.open_output_stream(path) as stream:
                 yield stream
 
     def open_output(self, name: str) -> IO[bytes] | pa.NativeFile:
         """A new file for a writer that keeps it open; end it with :meth:`finish_output`."""
         path = self.path(name)
         if not self.local:
-            return self.fs.open_output_stream(path)  # an object store has no folders to create
+            with self._reaching("write"):
+                return self.fs.open_output_stream(path)  # an object store has no folders to create
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return open(path, "wb")
 
     def finish_output(self, handle: IO[bytes] | pa.NativeFile) -> None:
         """Make a file from :meth:`open_output` durable (fsync locally; an object store makes
         the object visible, whole, on close)."""
-        if self.local:
-            handle.flush()
-            os.fsync(handle.fileno())
-        handle.close()
+        with self._reaching("write"):
+            if self.local:
+                handle.flush()
+                os.fsync(handle.fileno())
+            handle.close()
 
     def replace(self, name: str, data: bytes) -> None:
         """Write ``name`` so that readers see the old or the new contents, never a mix."""
@@ -154,11 +158,11 @@ class LogStore:
             _fsync_folder(self.path(folder))
 
     def delete(self, name: str) -> None:
-        with suppress(FileNotFoundError):
+        with suppress(FileNotFoundError), self._reaching("delete from"):
             self.fs.delete_file(self.path(name))
 
     def delete_folder(self, folder: str) -> None:
-        with suppress(FileNotFoundError):
+        with suppress(FileNotFoundError), self._reaching("delete from"):
             self.fs.delete_dir(self.path(folder))
 
 

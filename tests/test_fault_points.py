@@ -47,6 +47,7 @@ SCHEMA = "walk"
 SLOT = "walk_slot"
 TABLES = [f"{SCHEMA}.kinds", f"{SCHEMA}.docs", f"{SCHEMA}.bag"]
 MAINTENANCE = {"compact_min_files": 2, "purge_min_deletion_vectors": 1}
+MAINTAIN_ONLY = {"compact_min_files": 0, "purge_min_deletion_vectors": 0, "vacuum_retention_hours": 0}
 OPS_PER_STEP = 15
 
 
@@ -86,14 +87,12 @@ STEPS = (
     Step(("snapshot", f"{SCHEMA}.docs"), "copy-chunk", settles=False),
     Step(("snapshot", f"{SCHEMA}.bag"), "copy-complete", settles=False),
     Step(("snapshot", f"{SCHEMA}.kinds"), "copy-announced", settles=False),
-    Step(("maintain",), "maintain-optimize", prepare="sync"),
+    # each maintenance step only does what it kills (the others cost a Spark job per table)
+    Step(("maintain",), "maintain-optimize", prepare="sync", maintenance=MAINTAIN_ONLY | {"compact_min_files": 2}),
     Step(
-        ("maintain",),
-        "maintain-purge",
-        prepare="sync",
-        maintenance={"compact_min_files": 0, "purge_min_deletion_vectors": 1},
+        ("maintain",), "maintain-purge", prepare="sync", maintenance=MAINTAIN_ONLY | {"purge_min_deletion_vectors": 1}
     ),
-    Step(("maintain",), "maintain-vacuum", prepare="sync"),
+    Step(("maintain",), "maintain-vacuum", prepare="sync", maintenance=MAINTAIN_ONLY | {"vacuum_retention_hours": 168}),
     Step(("recover",), "recover-slot", prepare="drop slot", settles=False),
     Step(("recover",), "recover-checkpoint", prepare="drop slot", settles=False),
     Step(("library", "rebuild", f"{SCHEMA}.docs"), "rebuild-commit", prepare="sync"),

@@ -22,7 +22,7 @@ class FlakyProxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._cut = False
-        self.resets = 0  # connections reset while cut
+        self.resets = 0  # connections reset by a cut (both ends count) and while cut
         threading.Thread(target=self._accept, name="flaky-proxy", daemon=True).start()
 
     @property
@@ -33,6 +33,7 @@ class FlakyProxy:
         """Reset every open connection, and each new one, until :meth:`restore`."""
         with self._lock:
             self._cut = True
+            self.resets += len(self._open)
             for conn in self._open:
                 _reset(conn)
             self._open.clear()

@@ -277,9 +277,11 @@ def _pump(stream: object, lines: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_sync_follow_rides_out_two_crashes_of_its_server(server: Database, tmp_path: Path) -> None:
+def test_sync_follow_rides_out_a_terminated_walsender_and_two_crashes_of_its_server(
+    server: Database, tmp_path: Path
+) -> None:
     """``cdc-assets sync --follow``: the drain follows and merges into Delta while a writer commits;
-    the server crashes and starts again twice. The command goes on, exits 0 when its follow time
+    its walsender is terminated once, then the server crashes and starts again twice. The command goes on, exits 0 when its follow time
     is up, and then the change log holds every transaction exactly once and every Delta table
     equals its source at the checkpoint."""
     path = _setup(server, tmp_path, spark=CLI_SPARK)
@@ -297,6 +299,16 @@ def test_sync_follow_rides_out_two_crashes_of_its_server(server: Database, tmp_p
     try:
         wait_until(lambda: not sync.running() or merged() > 0, 240, "a first merge")
         assert sync.running(), sync.output()
+        _drained_past_now(path, server.dsn, sync, "a durable batch")
+        before = sync.reconnecting()
+        with server.connect() as conn:  # the walsender terminated: the stream reconnects
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)
+            )
+        terminated = time.monotonic()
+        wait_until(lambda: not sync.running() or sync.reconnecting() > before, 60, "the drain to reconnect")
+        _drained_past_now(path, server.dsn, sync, "a durable batch after the walsender was terminated")
+        print(f"after the walsender was terminated: durable again in {time.monotonic() - terminated:.1f} s")
         for _ in range(2):
             _drained_past_now(path, server.dsn, sync, "a durable batch")
             _crash_and_restart(server.cluster, sync)

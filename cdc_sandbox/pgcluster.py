@@ -49,18 +49,6 @@ class ClusterError(CdcError):
     """A throwaway cluster could not be found, created or started."""
 
 
-def available_versions() -> list[int]:
-    """Major versions whose server binaries this machine has (Debian packages or the wheel)."""
-    versions = set()
-    for major in range(10, 30):
-        if Path(_DEBIAN_BIN.format(major=major), "postgres").exists():
-            versions.add(major)
-    wheel = _wheel_root()
-    if wheel is not None:
-        versions.update(major for major, sub in _WHEEL_DIRS.items() if (wheel / sub / "bin" / "postgres").exists())
-    return sorted(versions)
-
-
 def find_bin_dir(major: int | None = None) -> Path:
     """The ``bin`` folder of a PostgreSQL server, preferring Debian's packages over the wheel.
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import yaml
 
@@ -52,7 +51,3 @@ def load_settings(path: str | None = None) -> Settings:
     environ = {**os.environ}
     environ.setdefault(variable, "set-at-launch")
     return Settings(load_config(file, environ), str(file), variable)
-
-
-def project_root() -> Path:
-    return Path(__file__).resolve().parent.parent

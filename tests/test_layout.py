@@ -201,3 +201,51 @@ def test_the_change_record_format_is_spelled_in_one_module() -> None:
             if token.type == tokenize.STRING and literal.match(token.string):
                 found.append(f"{path.relative_to(ROOT)}:{token.start[0]}: {token.string}")
     assert not found, "spell these through cdc_assets/pgoutput/records.py:\n" + "\n".join(found)
+
+
+def test_the_pgoutput_protocol_is_spelled_in_one_module() -> None:
+    """Message type bytes, tuple markers, column kinds and replica identities are written as
+    literals only in ``cdc_assets/pgoutput/protocol.py``: no ``ord()`` of a one-character literal
+    in the library (but for the text formats that ``pgoutput/values`` parses), and no string or
+    bytes literal made of protocol bytes where pgoutput's messages are read."""
+    from cdc_assets.pgoutput import protocol
+
+    protocol_module = ROOT / "cdc_assets" / "pgoutput" / "protocol.py"
+    text_formats = ROOT / "cdc_assets" / "pgoutput" / "values"
+    readers = [ROOT / "cdc_assets" / p for p in ("pgoutput", "transactions", "changelog", "stream/upto.py")]
+    not_protocol = [text_formats, ROOT / "cdc_assets" / "pgoutput" / "types.py"]  # pg_type's own letters
+    wire = (*protocol.MESSAGE_NAMES, protocol.TUPLE_KEY, protocol.TUPLE_OLD, protocol.TUPLE_NEW)
+    wire += (protocol.COLUMN_NULL, protocol.COLUMN_UNCHANGED, protocol.COLUMN_TEXT, protocol.COLUMN_BINARY)
+    tags = {chr(b) for b in wire} | protocol.REPLICA_IDENTITIES
+
+    def under(path: Path, places: list[Path]) -> bool:
+        return any(place == path or place in path.parents for place in places)
+
+    def spelled(node: ast.AST, path: Path) -> bool:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ord":
+            return (
+                not under(path, [text_formats])
+                and len(node.args) == 1
+                and isinstance(node.args[0], ast.Constant)
+                and len(node.args[0].value) == 1
+            )
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str | bytes) or not node.value:
+            return False
+        value = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+        return (
+            under(path, readers)
+            and not under(path, not_protocol)
+            and (len(value) == 1 or isinstance(node.value, bytes))
+            and set(value) <= tags
+        )
+
+    found = []
+    for path in sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py")):
+        if path == protocol_module:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        formatted = {id(part) for f in ast.walk(tree) if isinstance(f, ast.JoinedStr) for part in f.values}
+        for node in ast.walk(tree):
+            if id(node) not in formatted and spelled(node, path):
+                found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}: {ast.unparse(node)}")
+    assert not found, "spell these through cdc_assets/pgoutput/protocol.py:\n" + "\n".join(found)

@@ -39,7 +39,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.errors import CdcError
-from cdc_assets.pgoutput.records import COMMIT_TIME_TYPE, ChangeChunk, DeltaColumn, Op, PlanAction, RecordColumn
+from cdc_assets.pgoutput.protocol import REPLICA_IDENTITY_FULL
+from cdc_assets.pgoutput.records import (
+    COMMIT_TIME_TYPE,
+    ChangeChunk,
+    DeltaColumn,
+    OldKind,
+    Op,
+    PlanAction,
+    RecordColumn,
+)
 from cdc_assets.pgoutput.schema import RelationSchema
 
 PlanMode = Literal["keyed", "multiset", "append"]
@@ -99,7 +108,7 @@ def plan_changes(
     if not relation.key_columns:
         return _append_plan(events)
     mirrored = truncate == "apply"  # the table holds exactly the source's rows as of its applied LSN
-    if relation.replica_identity == "f":
+    if relation.replica_identity == REPLICA_IDENTITY_FULL:
         return _multiset_plan(events)
     return _keyed_plan(events, relation.key_columns, mirrored)
 
@@ -230,7 +239,7 @@ def _unchanged_keys_from_old(
     ``SET STORAGE EXTERNAL``) is sent as ``'u'`` in the new tuple when it did not change; the
     server then always sends the old key (``K``) or row (``O``), which holds it."""
     from_old = [
-        {c for c in names if c in key} if names and old_kind[i] in ("K", "O") else set()
+        {c for c in names if c in key} if names and old_kind[i] in OldKind.ALL else set()
         for i, names in enumerate(unchanged)
     ]
     if not any(from_old):
@@ -334,14 +343,14 @@ def _append_plan(events: _Events) -> ChangePlan:
 def _keyed_plan(events: _Events, key: tuple[str, ...], mirrored: bool) -> ChangePlan:
     is_update = events.ops == Op.UPDATE
     is_delete = events.ops == Op.DELETE
-    has_old = np.isin(events.old_kind, ["K", "O"])
+    has_old = np.isin(events.old_kind, OldKind.ALL)
     old_keys = pa.table(
         [pc.if_else(pa.array(has_old), events.old.column(k), events.new.column(k)) for k in key], names=list(key)
     )
     new_id, old_id, keys = _key_ids(events.new.select(list(key)), old_keys)
     key_changed = is_update & has_old & (new_id != old_id)
     toasted = np.array([bool(u) for u in events.unchanged], dtype=bool)
-    complex_records = key_changed | (toasted & (events.old_kind != "O"))
+    complex_records = key_changed | (toasted & (events.old_kind != OldKind.FULL))
     complex_ids = np.union1d(new_id[complex_records], old_id[complex_records])
     in_fold = np.isin(new_id, complex_ids) | np.isin(old_id, complex_ids)
     simple = np.flatnonzero(~in_fold)
@@ -435,7 +444,7 @@ def _images_with_old_toast(events: _Events, rows: np.ndarray) -> pa.Table:
     """New images of ``rows``, unchanged TOAST columns taken from the ``O`` old row where sent."""
     index = pa.array(rows, pa.int64())
     image = events.new.take(index)
-    names_by_row = [events.unchanged[r] or () if events.old_kind[r] == "O" else () for r in rows]
+    names_by_row = [events.unchanged[r] or () if events.old_kind[r] == OldKind.FULL else () for r in rows]
     if not any(names_by_row):
         return image
     old = events.old.take(index)
@@ -488,7 +497,7 @@ def _fold(
         source_id = int(old_id[record] if key_changed[record] else new_id[record])
         for column in events.unchanged[record] or ():
             earlier = state.get(source_id)
-            if events.old_kind[record] == "O":
+            if events.old_kind[record] == OldKind.FULL:
                 image[column] = old_rows[i][column]
             elif earlier is None:
                 if events.truncate:

@@ -17,12 +17,13 @@ from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.faults import fault_point
 from cdc_assets.interrupts import interrupts_deferred
+from cdc_assets.pgoutput.protocol import MSG_COMMIT, MSG_PREPARE
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.reader import SlotStream
 from cdc_assets.stream.upto import UptoCut
 from cdc_assets.transactions import TransactionAssembler
 
-TRANSACTION_ENDS = b"CP"
+TRANSACTION_ENDS = bytes((MSG_COMMIT, MSG_PREPARE))
 """Commit and Prepare: the messages after which no transaction is open, so a batch may end."""
 PING_SECONDS = 0.2
 """How often a drain that is catching up asks the server how far it has sent."""

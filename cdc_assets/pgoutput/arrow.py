@@ -15,24 +15,13 @@ import numpy as np
 import pyarrow as pa
 
 from cdc_assets.errors import DecodeError
-from cdc_assets.pgoutput.columnar import (
-    KIND_BINARY,
-    KIND_TEXT,
-    KIND_UNCHANGED,
-    OP_DELETE,
-    OP_INSERT,
-    OP_UPDATE,
-    ChangeColumns,
-    TupleColumns,
-    extract_changes,
-    extract_from_buffer,
-)
-from cdc_assets.pgoutput.records import Op, RecordColumn
+from cdc_assets.pgoutput import protocol
+from cdc_assets.pgoutput.columnar import ChangeColumns, TupleColumns, extract_changes, extract_from_buffer
+from cdc_assets.pgoutput.records import OldKind, Op, RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.pgoutput.values import ColumnConverter, ConvertedColumn, column_converter
 
-OP_NAMES = {OP_INSERT: Op.INSERT, OP_UPDATE: Op.UPDATE, OP_DELETE: Op.DELETE}
 SNAPSHOT = Op.SNAPSHOT
 TRUNCATE = Op.TRUNCATE
 
@@ -47,8 +36,8 @@ SPECIAL_TYPE = pa.map_(pa.string(), pa.string())
 
 _OP_DICTIONARY = pa.array([Op.INSERT, Op.UPDATE, Op.DELETE, TRUNCATE, SNAPSHOT])
 _OP_INDEX = np.zeros(256, dtype=np.int8)
-_OP_INDEX[[OP_INSERT, OP_UPDATE, OP_DELETE]] = [0, 1, 2]
-_OLD_KINDS = pa.array(["K", "O"])
+_OP_INDEX[[protocol.MSG_INSERT, protocol.MSG_UPDATE, protocol.MSG_DELETE]] = [0, 1, 2]
+_OLD_KINDS = pa.array(list(OldKind.ALL))
 
 
 class ChangeRecordBuilder:
@@ -89,7 +78,9 @@ class ChangeRecordBuilder:
         count = len(columns.ops)
         new, new_special = self._image(columns.new)
         old, old_special = self._image(columns.old)
-        old_kind = np.select([columns.old_markers == ord("K"), columns.old_markers == ord("O")], [0, 1], -1)
+        old_kind = np.select(
+            [columns.old_markers == protocol.TUPLE_KEY, columns.old_markers == protocol.TUPLE_OLD], [0, 1], -1
+        )
         return pa.RecordBatch.from_arrays(
             [
                 pa.array(np.asarray(positions, dtype=np.int64)),
@@ -166,7 +157,7 @@ class ChangeRecordBuilder:
 
     def _unchanged(self, kinds: np.ndarray) -> pa.Array:
         """Per row, the names of the columns sent as unchanged TOAST (null when none)."""
-        unchanged = kinds == KIND_UNCHANGED
+        unchanged = kinds == protocol.COLUMN_UNCHANGED
         count = len(kinds)
         if not unchanged.any():
             return pa.nulls(count, pa.list_(pa.string()))
@@ -197,10 +188,10 @@ def record_schema(row_type: pa.StructType) -> pa.Schema:
 def _convert(converter: ColumnConverter, raw: pa.BinaryArray, kinds: np.ndarray) -> ConvertedColumn:
     """Convert one column whose values may mix text and binary kinds (binary mode sends text for
     types without a send function)."""
-    binary = kinds == KIND_BINARY
+    binary = kinds == protocol.COLUMN_BINARY
     if not binary.any():
         return converter.convert(raw, binary=False)
-    text = kinds == KIND_TEXT
+    text = kinds == protocol.COLUMN_TEXT
     if not text.any():
         return converter.convert(raw, binary=True)
     as_text = converter.convert(raw.filter(pa.array(text)), binary=False)

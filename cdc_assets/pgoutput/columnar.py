@@ -20,17 +20,18 @@ import pyarrow as pa
 
 from cdc_assets.errors import DecodeError
 from cdc_assets.pgoutput.decoder import PgoutputDecoder, message_name
-
-KIND_NULL = ord("n")
-KIND_UNCHANGED = ord("u")
-KIND_TEXT = ord("t")
-KIND_BINARY = ord("b")
-MARKER_KEY = ord("K")
-MARKER_OLD = ord("O")
-MARKER_NEW = ord("N")
-OP_INSERT = ord("I")
-OP_UPDATE = ord("U")
-OP_DELETE = ord("D")
+from cdc_assets.pgoutput.protocol import (
+    COLUMN_BINARY,
+    COLUMN_NULL,
+    COLUMN_TEXT,
+    COLUMN_UNCHANGED,
+    MSG_DELETE,
+    MSG_INSERT,
+    MSG_UPDATE,
+    TUPLE_KEY,
+    TUPLE_NEW,
+    TUPLE_OLD,
+)
 
 _PADDING = bytes(16)  # lets fixed-size reads run past a truncated last message safely
 _MAX_CHUNK_BYTES = 1 << 30  # binary-view offsets are Int32: split larger inputs
@@ -137,16 +138,16 @@ def _extract(buf: _Buffer, starts: np.ndarray, ends: np.ndarray, ncols: int, mar
     marker_pos = starts + marker_offset
     _check(marker_pos < ends, "message ends before its tuple marker")
     markers = u8[marker_pos]
-    is_update = ops == OP_UPDATE
-    is_delete = ops == OP_DELETE
-    _check(is_update | is_delete | (ops == OP_INSERT), "not an Insert, Update or Delete message")
-    has_old = (is_delete | is_update) & ((markers == MARKER_KEY) | (markers == MARKER_OLD))
+    is_update = ops == MSG_UPDATE
+    is_delete = ops == MSG_DELETE
+    _check(is_update | is_delete | (ops == MSG_INSERT), "not an Insert, Update or Delete message")
+    has_old = (is_delete | is_update) & ((markers == TUPLE_KEY) | (markers == TUPLE_OLD))
     _check(~is_delete | has_old, "Delete without a 'K' or 'O' tuple")
     old = _walk(buf, marker_pos + 1, ends, ncols, has_old)
     new_marker_pos = np.where(has_old, old.end, marker_pos)
     has_new = ~is_delete
     _check(~has_new | (new_marker_pos < ends), "message ends before its new tuple")
-    _check(~has_new | (u8[new_marker_pos] == MARKER_NEW), "expected 'N' before the new tuple")
+    _check(~has_new | (u8[new_marker_pos] == TUPLE_NEW), "expected 'N' before the new tuple")
     new = _walk(buf, new_marker_pos + 1, ends, ncols, has_new)
     final = np.where(has_new, new.end, old.end)
     _check(final == ends, "unexpected trailing bytes")
@@ -209,7 +210,7 @@ def _walk(buf: _Buffer, tuple_starts: np.ndarray, ends: np.ndarray, ncols: int, 
         following = np.where(valued, pos + 5 + length, pos + 1)
         check(
             (pos < limit)
-            & (valued | (kind == KIND_NULL) | (kind == KIND_UNCHANGED))
+            & (valued | (kind == COLUMN_NULL) | (kind == COLUMN_UNCHANGED))
             & (length >= 0)
             & (following <= limit),
             f"column {j} has an unknown kind or runs past the end",
@@ -223,7 +224,7 @@ def _walk(buf: _Buffer, tuple_starts: np.ndarray, ends: np.ndarray, ncols: int, 
 
 
 def _has_value(kind: np.ndarray) -> np.ndarray:
-    has_value: np.ndarray = (kind == KIND_TEXT) | (kind == KIND_BINARY)
+    has_value: np.ndarray = (kind == COLUMN_TEXT) | (kind == COLUMN_BINARY)
     return has_value
 
 

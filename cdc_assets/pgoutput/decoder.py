@@ -6,7 +6,7 @@ messages carry a leading xid. Every layout is read with precompiled ``struct`` f
 short, long or unknown raises :class:`~cdc_assets.errors.DecodeError` naming the message type and
 byte offset.
 
-One module of ~470 lines on purpose: one small parse function per message type of the protocol,
+One module of ~450 lines on purpose: one small parse function per message type of the protocol,
 side by side as PostgreSQL's ``proto.c`` keeps its writers, sharing the tuple and string readers.
 """
 
@@ -18,6 +18,7 @@ from struct import error as StructError
 from typing import Literal
 
 from cdc_assets.errors import DecodeError
+from cdc_assets.pgoutput import protocol
 from cdc_assets.pgoutput.messages import (
     POSTGRES_EPOCH_US,
     SENT_TIME_RANGE_US,
@@ -44,6 +45,16 @@ from cdc_assets.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
+from cdc_assets.pgoutput.protocol import (  # read per message and per column: module globals
+    COLUMN_BINARY,
+    COLUMN_NULL,
+    COLUMN_TEXT,
+    COLUMN_UNCHANGED,
+    REPLICA_IDENTITIES,
+    TUPLE_KEY,
+    TUPLE_NEW,
+    TUPLE_OLD,
+)
 
 Streaming = Literal["off", "on", "parallel"]
 
@@ -54,7 +65,6 @@ _KIND_LENGTH = Struct(">Bi")  # a TupleData column: kind byte, then Int32 length
 _BEGIN = Struct(">QqI")  # final_lsn, commit_time, xid
 _COMMIT = Struct(">BQQq")  # flags, commit_lsn, end_lsn, commit_time
 _ORIGIN = Struct(">Q")
-_RELATION_COLUMN = Struct(">BIi")  # after the name: type oid, typmod; flags before it
 _REPLIDENT_NCOLS = Struct(">cH")
 _TRUNCATE_HEAD = Struct(">IB")  # nrels, options
 _MESSAGE_HEAD = Struct(">BQ")  # flags, lsn
@@ -66,42 +76,10 @@ _BEGIN_PREPARE = Struct(">QQqI")  # prepare_lsn, end_lsn, prepare_time, xid; the
 _PREPARE = Struct(">BQQqI")  # flags, prepare_lsn, end_lsn, prepare_time, xid; then gid
 _ROLLBACK_PREPARED = Struct(">BQQqqI")
 
-_KIND_NULL = ord("n")
-_KIND_UNCHANGED = ord("u")
-_KIND_TEXT = ord("t")
-_KIND_BINARY = ord("b")
-_TUPLE_KEY = ord("K")
-_TUPLE_OLD = ord("O")
-_TUPLE_NEW = ord("N")
-_REPLICA_IDENTITIES = frozenset("dnfi")
-
-_MESSAGE_NAMES = {
-    "B": "Begin",
-    "C": "Commit",
-    "O": "Origin",
-    "R": "Relation",
-    "Y": "Type",
-    "I": "Insert",
-    "U": "Update",
-    "D": "Delete",
-    "T": "Truncate",
-    "M": "Logical Decoding",
-    "S": "Stream Start",
-    "E": "Stream Stop",
-    "c": "Stream Commit",
-    "A": "Stream Abort",
-    "b": "Begin Prepare",
-    "P": "Prepare",
-    "K": "Commit Prepared",
-    "r": "Rollback Prepared",
-    "p": "Stream Prepare",
-}
-
 
 def message_name(type_byte: int) -> str:
     """The protocol's name for a message type byte, or a description of an unknown one."""
-    char = chr(type_byte)
-    return _MESSAGE_NAMES.get(char) or f"unknown type {char!r} (0x{type_byte:02x})"
+    return protocol.MESSAGE_NAMES.get(type_byte) or f"unknown type {chr(type_byte)!r} (0x{type_byte:02x})"
 
 
 class _Malformed(Exception):
@@ -128,25 +106,25 @@ class PgoutputDecoder:
         self.streaming: Streaming = streaming
         self.in_stream = False
         self._parsers: dict[int, Callable[[bytes], Message]] = {
-            ord("B"): self._begin,
-            ord("C"): self._commit,
-            ord("O"): self._origin,
-            ord("R"): self._relation,
-            ord("Y"): self._type,
-            ord("I"): self._insert,
-            ord("U"): self._update,
-            ord("D"): self._delete,
-            ord("T"): self._truncate,
-            ord("M"): self._message,
-            ord("S"): self._stream_start,
-            ord("E"): self._stream_stop,
-            ord("c"): self._stream_commit,
-            ord("A"): self._stream_abort,
-            ord("b"): self._begin_prepare,
-            ord("P"): self._prepare,
-            ord("K"): self._commit_prepared,
-            ord("r"): self._rollback_prepared,
-            ord("p"): self._stream_prepare,
+            protocol.MSG_BEGIN: self._begin,
+            protocol.MSG_COMMIT: self._commit,
+            protocol.MSG_ORIGIN: self._origin,
+            protocol.MSG_RELATION: self._relation,
+            protocol.MSG_TYPE: self._type,
+            protocol.MSG_INSERT: self._insert,
+            protocol.MSG_UPDATE: self._update,
+            protocol.MSG_DELETE: self._delete,
+            protocol.MSG_TRUNCATE: self._truncate,
+            protocol.MSG_MESSAGE: self._message,
+            protocol.MSG_STREAM_START: self._stream_start,
+            protocol.MSG_STREAM_STOP: self._stream_stop,
+            protocol.MSG_STREAM_COMMIT: self._stream_commit,
+            protocol.MSG_STREAM_ABORT: self._stream_abort,
+            protocol.MSG_BEGIN_PREPARE: self._begin_prepare,
+            protocol.MSG_PREPARE: self._prepare,
+            protocol.MSG_COMMIT_PREPARED: self._commit_prepared,
+            protocol.MSG_ROLLBACK_PREPARED: self._rollback_prepared,
+            protocol.MSG_STREAM_PREPARE: self._stream_prepare,
         }
 
     def decode(self, data: bytes) -> Message:
@@ -211,7 +189,7 @@ class PgoutputDecoder:
         _need(data, pos, 3)
         replident_byte, ncols = _REPLIDENT_NCOLS.unpack_from(data, pos)
         replica_identity = chr(replident_byte[0])
-        if replica_identity not in _REPLICA_IDENTITIES:
+        if replica_identity not in REPLICA_IDENTITIES:
             raise _Malformed(f"unknown replica identity {replica_identity!r}", pos)
         pos += 3
         columns = []
@@ -243,7 +221,7 @@ class PgoutputDecoder:
         xid, pos = self._xid(data) if self.in_stream else (None, 1)
         _need(data, pos, 5)
         (relation_oid,) = _OID.unpack_from(data, pos)
-        if data[pos + 4] != _TUPLE_NEW:
+        if data[pos + 4] != TUPLE_NEW:
             raise _Malformed(f"expected 'N' before the new tuple, got {_show(data[pos + 4])}", pos + 4)
         new_tuple, pos = _tuple_data(data, pos + 5)
         if pos != len(data):
@@ -257,14 +235,14 @@ class PgoutputDecoder:
         pos += 4
         marker = data[pos]
         old_key = old_tuple = None
-        if marker == _TUPLE_KEY:
+        if marker == TUPLE_KEY:
             old_key, pos = _tuple_data(data, pos + 1)
-        elif marker == _TUPLE_OLD:
+        elif marker == TUPLE_OLD:
             old_tuple, pos = _tuple_data(data, pos + 1)
-        elif marker != _TUPLE_NEW:
+        elif marker != TUPLE_NEW:
             raise _Malformed(f"expected 'K', 'O' or 'N', got {_show(marker)}", pos)
         _need(data, pos, 1)
-        if data[pos] != _TUPLE_NEW:
+        if data[pos] != TUPLE_NEW:
             raise _Malformed(f"expected 'N' before the new tuple, got {_show(data[pos])}", pos)
         new_tuple, pos = _tuple_data(data, pos + 1)
         if pos != len(data):
@@ -277,11 +255,11 @@ class PgoutputDecoder:
         (relation_oid,) = _OID.unpack_from(data, pos)
         pos += 4
         marker = data[pos]
-        if marker not in (_TUPLE_KEY, _TUPLE_OLD):
+        if marker not in (TUPLE_KEY, TUPLE_OLD):
             raise _Malformed(f"expected 'K' or 'O', got {_show(marker)}", pos)
         old, end = _tuple_data(data, pos + 1)
         _end(data, end)
-        if marker == _TUPLE_KEY:
+        if marker == TUPLE_KEY:
             return DeleteMessage(xid, relation_oid, old, None)
         return DeleteMessage(xid, relation_oid, None, old)
 
@@ -455,13 +433,13 @@ def _tuple_data(data: bytes, pos: int) -> tuple[TupleData, int]:
             kind, length = data[pos], -1
         else:
             raise _Malformed(f"tuple ends after {i} of {ncols} columns", pos)
-        if kind == _KIND_TEXT or kind == _KIND_BINARY:  # noqa: SIM109 - once per column: two compares beat building a tuple
+        if kind == COLUMN_TEXT or kind == COLUMN_BINARY:  # noqa: SIM109 - once per column: two compares beat building a tuple
             start = pos + 5
             pos = start + length
             if length < 0 or pos > size:
                 raise _Malformed(f"column {i} has length {length} but {size - start} bytes remain", start - 4)
             add_value(data[start:pos])
-        elif kind == _KIND_NULL or kind == _KIND_UNCHANGED:  # noqa: SIM109 - as above
+        elif kind == COLUMN_NULL or kind == COLUMN_UNCHANGED:  # noqa: SIM109 - as above
             pos += 1
             add_value(None)
         else:

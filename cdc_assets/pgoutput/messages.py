@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import ClassVar, TypeAlias
 
+from cdc_assets.pgoutput import protocol
+
 POSTGRES_EPOCH_US = 946_684_800_000_000
 """2000-01-01 in microseconds since 1970-01-01: PostgreSQL's clocks (pgoutput's and the replication
 protocol's timestamps) count from it."""
@@ -28,19 +30,6 @@ UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 def unix_time(microseconds: int) -> datetime:
     """A ``*_time_us`` value as a UTC datetime."""
     return UNIX_EPOCH + timedelta(0, 0, microseconds)
-
-
-# TupleData column kinds (one byte each in the protocol).
-NULL = "n"
-UNCHANGED_TOAST = "u"
-TEXT = "t"
-BINARY = "b"
-
-# Relation.replica_identity values.
-REPLICA_IDENTITY_DEFAULT = "d"
-REPLICA_IDENTITY_NOTHING = "n"
-REPLICA_IDENTITY_FULL = "f"
-REPLICA_IDENTITY_INDEX = "i"
 
 
 @dataclass(slots=True)
@@ -68,7 +57,7 @@ class TupleData:
 
 @dataclass(slots=True)
 class BeginMessage:
-    type_byte: ClassVar[str] = "B"
+    type_byte: ClassVar[str] = chr(protocol.MSG_BEGIN)
     final_lsn: int
     commit_time_us: int
     xid: int
@@ -80,7 +69,7 @@ class BeginMessage:
 
 @dataclass(slots=True)
 class CommitMessage:
-    type_byte: ClassVar[str] = "C"
+    type_byte: ClassVar[str] = chr(protocol.MSG_COMMIT)
     flags: int
     commit_lsn: int
     end_lsn: int
@@ -93,7 +82,7 @@ class CommitMessage:
 
 @dataclass(slots=True)
 class OriginMessage:
-    type_byte: ClassVar[str] = "O"
+    type_byte: ClassVar[str] = chr(protocol.MSG_ORIGIN)
     commit_lsn: int
     name: str
 
@@ -114,7 +103,7 @@ class RelationColumn:
 
 @dataclass(slots=True)
 class RelationMessage:
-    type_byte: ClassVar[str] = "R"
+    type_byte: ClassVar[str] = chr(protocol.MSG_RELATION)
     xid: int | None
     relation_oid: int
     namespace: str
@@ -130,7 +119,7 @@ class RelationMessage:
 
 @dataclass(slots=True)
 class TypeMessage:
-    type_byte: ClassVar[str] = "Y"
+    type_byte: ClassVar[str] = chr(protocol.MSG_TYPE)
     xid: int | None
     type_oid: int
     namespace: str
@@ -139,7 +128,7 @@ class TypeMessage:
 
 @dataclass(slots=True)
 class InsertMessage:
-    type_byte: ClassVar[str] = "I"
+    type_byte: ClassVar[str] = chr(protocol.MSG_INSERT)
     xid: int | None
     relation_oid: int
     new_tuple: TupleData
@@ -150,7 +139,7 @@ class UpdateMessage:
     """``old_key`` is sent (``'K'``) when a replica identity column changed; ``old_tuple``
     (``'O'``) under REPLICA IDENTITY FULL; at most one of them is set."""
 
-    type_byte: ClassVar[str] = "U"
+    type_byte: ClassVar[str] = chr(protocol.MSG_UPDATE)
     xid: int | None
     relation_oid: int
     old_key: TupleData | None
@@ -162,7 +151,7 @@ class UpdateMessage:
 class DeleteMessage:
     """Exactly one of ``old_key`` (``'K'``) and ``old_tuple`` (``'O'``) is set."""
 
-    type_byte: ClassVar[str] = "D"
+    type_byte: ClassVar[str] = chr(protocol.MSG_DELETE)
     xid: int | None
     relation_oid: int
     old_key: TupleData | None
@@ -171,7 +160,7 @@ class DeleteMessage:
 
 @dataclass(slots=True)
 class TruncateMessage:
-    type_byte: ClassVar[str] = "T"
+    type_byte: ClassVar[str] = chr(protocol.MSG_TRUNCATE)
     xid: int | None
     options: int
     relation_oids: tuple[int, ...]
@@ -189,7 +178,7 @@ class TruncateMessage:
 class LogicalDecodingMessage:
     """A ``pg_logical_emit_message`` payload (sent only with ``messages 'true'``)."""
 
-    type_byte: ClassVar[str] = "M"
+    type_byte: ClassVar[str] = chr(protocol.MSG_MESSAGE)
     xid: int | None
     flags: int
     lsn: int
@@ -203,19 +192,19 @@ class LogicalDecodingMessage:
 
 @dataclass(slots=True)
 class StreamStartMessage:
-    type_byte: ClassVar[str] = "S"
+    type_byte: ClassVar[str] = chr(protocol.MSG_STREAM_START)
     xid: int
     first_segment: bool
 
 
 @dataclass(slots=True)
 class StreamStopMessage:
-    type_byte: ClassVar[str] = "E"
+    type_byte: ClassVar[str] = chr(protocol.MSG_STREAM_STOP)
 
 
 @dataclass(slots=True)
 class StreamCommitMessage:
-    type_byte: ClassVar[str] = "c"
+    type_byte: ClassVar[str] = chr(protocol.MSG_STREAM_COMMIT)
     xid: int
     flags: int
     commit_lsn: int
@@ -231,7 +220,7 @@ class StreamCommitMessage:
 class StreamAbortMessage:
     """``abort_lsn`` and ``abort_time`` are sent only with ``streaming 'parallel'``."""
 
-    type_byte: ClassVar[str] = "A"
+    type_byte: ClassVar[str] = chr(protocol.MSG_STREAM_ABORT)
     xid: int
     subtransaction_xid: int
     abort_lsn: int | None
@@ -244,7 +233,7 @@ class StreamAbortMessage:
 
 @dataclass(slots=True)
 class BeginPrepareMessage:
-    type_byte: ClassVar[str] = "b"
+    type_byte: ClassVar[str] = chr(protocol.MSG_BEGIN_PREPARE)
     prepare_lsn: int
     end_lsn: int
     prepare_time_us: int
@@ -258,7 +247,7 @@ class BeginPrepareMessage:
 
 @dataclass(slots=True)
 class PrepareMessage:
-    type_byte: ClassVar[str] = "P"
+    type_byte: ClassVar[str] = chr(protocol.MSG_PREPARE)
     flags: int
     prepare_lsn: int
     end_lsn: int
@@ -273,7 +262,7 @@ class PrepareMessage:
 
 @dataclass(slots=True)
 class CommitPreparedMessage:
-    type_byte: ClassVar[str] = "K"
+    type_byte: ClassVar[str] = chr(protocol.MSG_COMMIT_PREPARED)
     flags: int
     commit_lsn: int
     end_lsn: int
@@ -288,7 +277,7 @@ class CommitPreparedMessage:
 
 @dataclass(slots=True)
 class RollbackPreparedMessage:
-    type_byte: ClassVar[str] = "r"
+    type_byte: ClassVar[str] = chr(protocol.MSG_ROLLBACK_PREPARED)
     flags: int
     prepare_end_lsn: int
     rollback_end_lsn: int
@@ -308,7 +297,7 @@ class RollbackPreparedMessage:
 
 @dataclass(slots=True)
 class StreamPrepareMessage:
-    type_byte: ClassVar[str] = "p"
+    type_byte: ClassVar[str] = chr(protocol.MSG_STREAM_PREPARE)
     flags: int
     prepare_lsn: int
     end_lsn: int
@@ -320,8 +309,6 @@ class StreamPrepareMessage:
     def prepare_time(self) -> datetime:
         return unix_time(self.prepare_time_us)
 
-
-ChangeMessage: TypeAlias = InsertMessage | UpdateMessage | DeleteMessage | TruncateMessage
 
 Message: TypeAlias = (
     BeginMessage

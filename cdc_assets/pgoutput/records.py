@@ -12,6 +12,7 @@ from typing import Final
 
 import pyarrow as pa
 
+from cdc_assets.pgoutput.protocol import TUPLE_KEY, TUPLE_OLD
 from cdc_assets.pgoutput.schema import RelationSchema
 
 
@@ -20,7 +21,7 @@ class RecordColumn:
 
     POSITION: Final = "_cdc_position"  # its message's position in the transaction
     OP: Final = "_cdc_op"  # one of :class:`Op`
-    OLD_KIND: Final = "_cdc_old_kind"  # the old image: "K" (key) or "O" (full row)
+    OLD_KIND: Final = "_cdc_old_kind"  # one of :class:`OldKind`
     UNCHANGED: Final = "_cdc_unchanged"  # unchanged-TOAST columns
     SPECIAL: Final = "_cdc_special"  # values the Arrow type cannot hold, as text
     TRUNCATE: Final = "_cdc_truncate"  # a Truncate's relations and options
@@ -41,6 +42,15 @@ class Op:
     SNAPSHOT: Final = "snapshot"  # a row of a copy of the whole table
 
     ALL: Final = (INSERT, UPDATE, DELETE, TRUNCATE, SNAPSHOT)
+
+
+class OldKind:
+    """The values of :attr:`RecordColumn.OLD_KIND`: the marker the old tuple was sent with."""
+
+    KEY: Final = chr(TUPLE_KEY)  # the replica identity columns
+    FULL: Final = chr(TUPLE_OLD)  # the whole row (REPLICA IDENTITY FULL)
+
+    ALL: Final = (KEY, FULL)
 
 
 class DeltaColumn:

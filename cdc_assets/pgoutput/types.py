@@ -24,7 +24,6 @@ XID = 28
 JSON = 114
 FLOAT4 = 700
 FLOAT8 = 701
-BOX = 603
 BPCHAR = 1042
 VARCHAR = 1043
 DATE = 1082
@@ -55,13 +54,8 @@ BUILTIN_ARRAY_ELEMENTS: dict[int, int] = {
 }  # fmt: skip
 
 # pg_type.typtype values.
-CATEGORY_BASE = "b"
-CATEGORY_COMPOSITE = "c"
 CATEGORY_DOMAIN = "d"
 CATEGORY_ENUM = "e"
-CATEGORY_MULTIRANGE = "m"
-CATEGORY_PSEUDO = "p"
-CATEGORY_RANGE = "r"
 CATEGORY_UNKNOWN = "u"  # known only from a pgoutput Type message
 
 

@@ -15,7 +15,33 @@ from cdc_assets.pgoutput.messages import (
     StreamCommitMessage,
     StreamPrepareMessage,
 )
+from cdc_assets.pgoutput.protocol import (
+    MSG_BEGIN,
+    MSG_BEGIN_PREPARE,
+    MSG_COMMIT_PREPARED,
+    MSG_MESSAGE,
+    MSG_ROLLBACK_PREPARED,
+    MSG_STREAM_COMMIT,
+    MSG_STREAM_PREPARE,
+    MSG_STREAM_START,
+    MSG_STREAM_STOP,
+)
 from cdc_assets.stream.blocks import MessageBlock
+
+_DECODED = frozenset(
+    (
+        MSG_BEGIN,
+        MSG_BEGIN_PREPARE,
+        MSG_STREAM_COMMIT,
+        MSG_STREAM_PREPARE,
+        MSG_COMMIT_PREPARED,
+        MSG_ROLLBACK_PREPARED,
+        MSG_MESSAGE,
+        MSG_STREAM_START,  # Stream Start and Stop: the decoder tracks stream blocks
+        MSG_STREAM_STOP,
+    )
+)
+"""The messages that may place the cut, and those the decoder must see to read them."""
 
 
 class UptoCut:
@@ -31,7 +57,7 @@ class UptoCut:
         """The part of ``block`` before the cut, and whether the cut is in it."""
         upto = self._upto
         for index, (_, data) in enumerate(block.rows()):
-            if data[:1] not in b"BbcpKrMSE" or not data:  # S and E: the decoder tracks stream blocks
+            if not data or data[0] not in _DECODED:
                 continue
             message = self._decoder.decode(data)
             match message:

@@ -37,18 +37,19 @@ from cdc_assets.pgoutput.messages import (
     TruncateMessage,
     TypeMessage,
 )
+from cdc_assets.pgoutput.protocol import MSG_COMMIT, MSG_DELETE, MSG_INSERT, MSG_UPDATE
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.stream.blocks import MessageBlock
 from cdc_assets.transactions.buffers import OwnTransaction, RecordBuilders
-from cdc_assets.transactions.plain import COMMIT, PLAIN_TYPES, BlockView, PlainTransactions
+from cdc_assets.transactions.plain import PLAIN_TYPES, BlockView, PlainTransactions
 from cdc_assets.transactions.sink import ChangeSink, Output
 from cdc_assets.transactions.streamed import StreamedTransactions
 from cdc_assets.transactions.two_phase import TwoPhaseTransactions
 
 _OID = Struct(">I").unpack_from
 _XID_AND_OID = Struct(">II").unpack_from
-_CHANGE_TYPES = frozenset(b"IUD")
+_CHANGE_TYPES = frozenset((MSG_INSERT, MSG_UPDATE, MSG_DELETE))
 
 DescribeRelation = Callable[[RelationMessage], RelationSchema]
 Target = PlainTransactions | OwnTransaction  # what takes the changes, messages and origin of the open transaction
@@ -189,7 +190,7 @@ class TransactionAssembler:
             return self._one_by_one(block, offset, offset + count)
         done = 0
         if self._plain.current is not None:  # finish the transaction the run starts inside, one by one
-            commits = np.flatnonzero(types == COMMIT)
+            commits = np.flatnonzero(types == MSG_COMMIT)
             done = int(commits[0]) + 1 if len(commits) else count
             self._one_by_one(block, offset, offset + done)
         if done < count:

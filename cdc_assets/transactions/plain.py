@@ -23,14 +23,14 @@ from cdc_assets.pgoutput.messages import (
     LogicalDecodingMessage,
     TruncateMessage,
 )
+from cdc_assets.pgoutput.protocol import MSG_BEGIN, MSG_COMMIT, MSG_DELETE, MSG_INSERT, MSG_UPDATE
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.transactions import spill
 from cdc_assets.transactions.buffers import Buffers, RawBuffer, RecordBuilders, Segment
 from cdc_assets.transactions.commit_table import CommitTable
 from cdc_assets.transactions.sink import CommitInfo, Output, TransactionalMessage
 
-BEGIN, COMMIT = ord("B"), ord("C")
-PLAIN_TYPES = np.array([ord(c) for c in "BCIUD"], dtype=np.uint8)
+PLAIN_TYPES = np.array([MSG_BEGIN, MSG_COMMIT, MSG_INSERT, MSG_UPDATE, MSG_DELETE], dtype=np.uint8)
 _PADDING = bytes(32)
 
 
@@ -136,8 +136,8 @@ class PlainTransactions:
         """Rows at ``starts``/``ends`` of ``view`` of types ``types`` (all in :data:`PLAIN_TYPES`),
         starting outside any transaction, taken whole. False, and nothing done, unless every row is
         well-formed, every relation described in this session and every Begin/Commit where it belongs."""
-        is_begin = types == BEGIN
-        is_commit = types == COMMIT
+        is_begin = types == MSG_BEGIN
+        is_commit = types == MSG_COMMIT
         is_change = ~(is_begin | is_commit)
         depth_after = np.cumsum(is_begin.astype(np.int64) - is_commit)
         depth_before = depth_after - is_begin + is_commit

@@ -32,6 +32,9 @@ from cdc_assets.pgoutput.messages import (
     TypeMessage,
     UpdateMessage,
 )
+from cdc_assets.pgoutput.protocol import COLUMN_BINARY, COLUMN_TEXT, TUPLE_KEY, TUPLE_NEW, TUPLE_OLD
+
+_KEY, _OLD, _NEW = bytes((TUPLE_KEY,)), bytes((TUPLE_OLD,)), bytes((TUPLE_NEW,))
 
 
 def encode(message: Message) -> bytes:
@@ -64,20 +67,20 @@ def encode(message: Message) -> bytes:
                 + _string(message.name)
             )
         case InsertMessage():
-            return head + _xid(message.xid) + pack(">I", message.relation_oid) + b"N" + tuple_data(message.new_tuple)
+            return head + _xid(message.xid) + pack(">I", message.relation_oid) + _NEW + tuple_data(message.new_tuple)
         case UpdateMessage():
             body = _xid(message.xid) + pack(">I", message.relation_oid)
             if message.old_key is not None:
-                body += b"K" + tuple_data(message.old_key)
+                body += _KEY + tuple_data(message.old_key)
             elif message.old_tuple is not None:
-                body += b"O" + tuple_data(message.old_tuple)
-            return head + body + b"N" + tuple_data(message.new_tuple)
+                body += _OLD + tuple_data(message.old_tuple)
+            return head + body + _NEW + tuple_data(message.new_tuple)
         case DeleteMessage():
             body = _xid(message.xid) + pack(">I", message.relation_oid)
             if message.old_key is not None:
-                return head + body + b"K" + tuple_data(message.old_key)
+                return head + body + _KEY + tuple_data(message.old_key)
             assert message.old_tuple is not None
-            return head + body + b"O" + tuple_data(message.old_tuple)
+            return head + body + _OLD + tuple_data(message.old_tuple)
         case TruncateMessage():
             oids = message.relation_oids
             return head + _xid(message.xid) + pack(f">IB{len(oids)}I", len(oids), message.options, *oids)
@@ -163,7 +166,7 @@ def tuple_data(data: TupleData) -> bytes:
     out = bytearray(pack(">h", len(data.kinds)))
     for kind, value in zip(data.kinds, data.values):
         out += kind.encode()
-        if kind in "tb":
+        if ord(kind) in (COLUMN_TEXT, COLUMN_BINARY):
             assert value is not None
             out += pack(">i", len(value)) + value
     return bytes(out)

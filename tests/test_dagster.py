@@ -44,7 +44,6 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import load_config
 from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
-from cdc_assets.pipeline.setup import setup
 from cdc_assets.source import DrainLock
 from cdc_assets.source.lock import TableWriteLock
 from dagster_project.assets import (
@@ -62,7 +61,6 @@ from dagster_project.settings import load_settings
 from dagster_project.verify import VERIFY_KEY
 from tests.support.commit_time import commit_at
 from tests.support.dagster_env import (
-    DDL,
     DSN_VARIABLE,
     ROOT,
     SLOT,
@@ -70,6 +68,7 @@ from tests.support.dagster_env import (
     DagsterEnv,
     SensorTick,
     ThreadRunLauncher,
+    create_source,
     execute,
     load_code_location,
     write_dagster_config,
@@ -118,16 +117,6 @@ ROUND_2_MERGED = {NOTES: (2, 0, 2)}
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------------
-
-
-def create_source(db: Database, folder: Path, slot: str = SLOT, **sections: Any) -> None:
-    """The three tables with rows, the configuration file (``sections`` beside
-    :func:`write_dagster_config`'s, ``source`` settings beside ``slot``), and ``cdc-assets setup``."""
-    with db.connect() as conn:
-        conn.execute(DDL)
-    source = {"slot": slot, **sections.pop("source", {})}
-    config = write_dagster_config(folder, source=source, **sections)
-    setup(load_config(config, environ={DSN_VARIABLE: db.dsn}))
 
 
 @pytest.fixture(scope="module")

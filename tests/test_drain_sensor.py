@@ -13,10 +13,8 @@ import dagster as dg
 import pytest
 
 from dagster_project.merge_sensor import MERGE_SENSOR
-from tests.support.config_file import FILE_NAME
-from tests.support.dagster_env import DSN_VARIABLE, load_code_location
+from tests.support.dagster_env import source_with_schedule
 from tests.support.database import Database
-from tests.test_dagster import create_source
 
 SLOT = "cdc_lag_slot"
 LAG_BYTES = 200_000
@@ -28,19 +26,6 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance) -> Any:
     # the resources the daemon hands the sensor from the code location's definitions
     context = dg.build_sensor_context(instance=instance, definitions=defs, resources=dict(defs.resources or {}))
     return sensor, sensor.evaluate_tick(context)
-
-
-def source_with_schedule(
-    db: Database, folder: Path, monkeypatch: pytest.MonkeyPatch, slot: str, schedule: dict[str, Any], **sections: Any
-) -> dg.Definitions:
-    """The three tables set up with a drain sensor's ``schedule`` (and ``sections``, e.g. ``drain``);
-    the code location loaded on them."""
-    monkeypatch.setenv("CDC_CONFIG", str(folder / FILE_NAME))
-    monkeypatch.setenv(DSN_VARIABLE, db.dsn)
-    # heartbeat: a drain's logical message moves the slot past WAL that holds no published change
-    # (the scratch table's rows below), which would otherwise keep the lag up drain after drain
-    create_source(db, folder, slot=slot, source={"heartbeat": True}, schedule=schedule, **sections)
-    return load_code_location()
 
 
 def test_the_drain_follows_the_slot_lag_one_run_at_a_time(

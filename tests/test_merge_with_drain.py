@@ -20,11 +20,10 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
 from dagster_project.consistent import POINT_KEY
 from dagster_project.merge_sensor import MERGE_SENSOR
-from tests.support.dagster_env import DSN_VARIABLE, TABLES, sensor_reasons
+from tests.support.dagster_env import DSN_VARIABLE, TABLES, sensor_reasons, source_with_schedule
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, holds_key
 from tests.support.pipeline import wait_until
-from tests.test_drain_sensor import source_with_schedule
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SLOT = "cdc_merging_drain_slot"

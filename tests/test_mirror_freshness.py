@@ -22,9 +22,8 @@ from cdc_assets.lsn import format_lsn
 from dagster_project.assets import mirror_key
 from dagster_project.merge_sensor import MERGE_SENSOR
 from tests.support.applied_marker import mark_applied
-from tests.support.dagster_env import DSN_VARIABLE, TABLES, load_code_location
+from tests.support.dagster_env import DSN_VARIABLE, TABLES, create_source, load_code_location
 from tests.support.database import Database
-from tests.test_dagster import create_source
 
 SLOT = "cdc_fresh_slot"
 FRESHNESS_MINUTES = 12  # confirmations at most every 2 minutes

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -71,9 +70,9 @@ from cdc_assets.source.connection import one_row
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.reader import SlotStream
 from tests.support.copied import sent_rows, typed_rows
-from tests.support.database import Database
+from tests.support.database import Database, as_role
 from tests.support.peek import peek
-from tests.support.pipeline import invalidate_slot
+from tests.support.pipeline import invalidate_slot, wait_until
 
 # Session settings under which text output differs from the pinned settings in every respect.
 NEW_YORK = (
@@ -97,19 +96,6 @@ def config_of(db: Database, tables: list[str], **settings: Any) -> Config:
         warehouse=WarehouseConfig(path="/tmp/unused"),
         tables=tuple(TableConfig(TableName.parse(t)) for t in tables),
     )
-
-
-def as_role(db: Database, role: str) -> SourceConfig:
-    return SourceConfig(dsn=db.cluster.dsn(db.name, user=role), slot=f"s_{db.name}")
-
-
-def wait_until(condition: Callable[[], object], timeout: float = 20.0) -> None:
-    """Poll ``condition`` until it is true (the poll interval is not a synchronisation)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.01)
 
 
 def peek_messages(

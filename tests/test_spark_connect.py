@@ -15,7 +15,7 @@ import pytest
 
 from cdc_assets.apply.session import is_connect
 from cdc_assets.lsn import format_lsn
-from tests.support.dagster_env import DSN_VARIABLE, ROOT, DagsterEnv
+from tests.support.dagster_env import DSN_VARIABLE, ROOT, DagsterEnv, create_source
 from tests.support.database import Database
 from tests.support.spark_server import (  # the fixtures: used by name
     CONNECT_MODE,
@@ -30,7 +30,6 @@ from tests.test_dagster import (
     DEMO_INSTANCE,
     MIRROR_KEYS,
     ROUND_1,
-    create_source,
     materialization,
     merge_requested,
     requested,

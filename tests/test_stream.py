@@ -39,10 +39,9 @@ from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.options import pgoutput_options
 from cdc_assets.stream.process import POOL
 from cdc_assets.stream.reader import SlotStream, StreamLostError
-from tests.support.database import Database
+from tests.support.database import Database, as_role
 from tests.support.peek import create_slot, current_wal_lsn
 from tests.support.pipeline import wait_until
-from tests.test_source import as_role
 
 # Session settings under which text output differs from the pinned settings in every respect.
 NEW_YORK = (

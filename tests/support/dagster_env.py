@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import dagster as dg
+import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.execution.api import execute_run
 from dagster._core.launcher import LaunchRunContext, RunLauncher
@@ -38,6 +39,7 @@ from cdc_assets.apply.target import app_id, applied_lsn
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
+from cdc_assets.pipeline.setup import setup
 from dagster_project.merge_sensor import MERGE_SENSOR
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
@@ -311,3 +313,26 @@ class ThreadRunLauncher(RunLauncher, ConfigurableClass):
         self._instance.report_run_canceled(run, message="canceled while its worker was starting")
         self.held.discard(run_id)
         return True
+
+
+def create_source(db: Database, folder: Path, slot: str = SLOT, **sections: Any) -> None:
+    """The three tables with rows, the configuration file (``sections`` beside
+    :func:`write_dagster_config`'s, ``source`` settings beside ``slot``), and ``cdc-assets setup``."""
+    with db.connect() as conn:
+        conn.execute(DDL)
+    source = {"slot": slot, **sections.pop("source", {})}
+    config = write_dagster_config(folder, source=source, **sections)
+    setup(load_config(config, environ={DSN_VARIABLE: db.dsn}))
+
+
+def source_with_schedule(
+    db: Database, folder: Path, monkeypatch: pytest.MonkeyPatch, slot: str, schedule: dict[str, Any], **sections: Any
+) -> dg.Definitions:
+    """The three tables set up with a drain sensor's ``schedule`` (and ``sections``, e.g. ``drain``);
+    the code location loaded on them."""
+    monkeypatch.setenv("CDC_CONFIG", str(folder / FILE_NAME))
+    monkeypatch.setenv(DSN_VARIABLE, db.dsn)
+    # heartbeat: a drain's logical message moves the slot past WAL that holds no published change
+    # (the scratch table's rows below), which would otherwise keep the lag up drain after drain
+    create_source(db, folder, slot=slot, source={"heartbeat": True}, schedule=schedule, **sections)
+    return load_code_location()

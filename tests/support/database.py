@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_assets.config import SourceConfig
 from cdc_sandbox.pgcluster import ThrowawayCluster
 
 _database_numbers = itertools.count()
@@ -87,3 +88,8 @@ def drop_database(db: Database) -> None:
             with psycopg.connect(db.dsn, autocommit=True) as owner:
                 owner.execute(f"ROLLBACK PREPARED '{gid}'")
         conn.execute(f'DROP DATABASE "{db.name}" WITH (FORCE)')
+
+
+def as_role(db: Database, role: str) -> SourceConfig:
+    """A source configuration that reaches ``db`` as ``role`` (slot ``s_<database>``)."""
+    return SourceConfig(dsn=db.cluster.dsn(db.name, user=role), slot=f"s_{db.name}")

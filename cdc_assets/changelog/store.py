@@ -111,24 +111,25 @@ class LogStore:
     def create(self, name: str) -> Iterator[IO[bytes] | pa.NativeFile]:
         """A new file for writing; on a local disk it is fsynced before the context ends."""
         path = self.path(name)
-        if self.local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as handle:
-                yield handle
-                handle.flush()
-                os.fsync(handle.fileno())
-        else:
-            with self._reaching("write"), self.fs.open_output_stream(path) as stream:
-                yield stream
+        with self._reaching("write"):
+            if self.local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as handle:
+                    yield handle
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            else:
+                with self.fs.open_output_stream(path) as stream:
+                    yield stream
 
     def open_output(self, name: str) -> IO[bytes] | pa.NativeFile:
         """A new file for a writer that keeps it open; end it with :meth:`finish_output`."""
         path = self.path(name)
-        if not self.local:
-            with self._reaching("write"):
+        with self._reaching("write"):
+            if not self.local:
                 return self.fs.open_output_stream(path)  # an object store has no folders to create
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        return open(path, "wb")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return open(path, "wb")
 
     def finish_output(self, handle: IO[bytes] | pa.NativeFile) -> None:
         """Make a file from :meth:`open_output` durable (fsync locally; an object store makes

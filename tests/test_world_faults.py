@@ -256,6 +256,10 @@ class _Sync:
     def reconnecting(self) -> int:
         return self.count(RECONNECTING)
 
+    def merged(self) -> int:
+        """How many merges it has reported."""
+        return self.count(" applied LSN ", err=False)
+
     def wait(self, timeout: float) -> int:
         code = self.process.wait(timeout=timeout)
         for pump in self._pumps:
@@ -293,11 +297,8 @@ def test_sync_follow_rides_out_a_terminated_walsender_and_two_crashes_of_its_ser
     sync = _Sync(path, server.dsn, SYNC_FOLLOW_S)
     started = time.monotonic()
 
-    def merged() -> int:
-        return sync.count(" applied LSN ", err=False)
-
     try:
-        wait_until(lambda: not sync.running() or merged() > 0, 240, "a first merge")
+        wait_until(lambda: not sync.running() or sync.merged() > 0, 240, "a first merge")
         assert sync.running(), sync.output()
         _drained_past_now(path, server.dsn, sync, "a durable batch")
         before = sync.reconnecting()
@@ -315,8 +316,8 @@ def test_sync_follow_rides_out_a_terminated_walsender_and_two_crashes_of_its_ser
             resumed = time.monotonic()
             _drained_past_now(path, server.dsn, sync, "a durable batch after the restart")
             durable = time.monotonic() - resumed
-            before = merged()
-            wait_until(lambda b=before: not sync.running() or merged() > b, 120, "a merge after the restart")
+            before = sync.merged()
+            wait_until(lambda b=before: not sync.running() or sync.merged() > b, 120, "a merge after the restart")
             assert sync.running(), sync.output()
             print(
                 f"after PostgreSQL started again: durable again in {durable:.1f} s,"
@@ -363,19 +364,16 @@ def test_sync_follow_rides_out_its_spark_connect_server_killed_mid_merge(server:
     sync = _Sync(path, server.dsn, CONNECT_FOLLOW_S)
     started = time.monotonic()
 
-    def merged() -> int:
-        return sync.count(" applied LSN ", err=False)
-
     try:
-        wait_until(lambda: not sync.running() or merged() > 0, 240, "a first merge")
-        before = merged()
-        wait_until(lambda: not sync.running() or merged() > before, 60, "a merge ending (the next one starts)")
+        wait_until(lambda: not sync.running() or sync.merged() > 0, 240, "a first merge")
+        before = sync.merged()
+        wait_until(lambda: not sync.running() or sync.merged() > before, 60, "a merge ending (the next one starts)")
         assert sync.running(), sync.output()
         connect.crash()
         _drained_past_now(path, server.dsn, sync, "a durable batch while the Spark Connect server is down")
         connect = start_server(tmp_path / "connect", port=connect.port)
-        back, before = time.monotonic(), merged()
-        wait_until(lambda: not sync.running() or merged() > before, 120, "a merge after the server is back")
+        back, before = time.monotonic(), sync.merged()
+        wait_until(lambda: not sync.running() or sync.merged() > before, 120, "a merge after the server is back")
         assert sync.running(), sync.output()
         print(f"merging again {time.monotonic() - back:.1f} s after the Spark Connect server listened again")
         assert sync.count(CONNECT_LOST) >= 1, sync.output()
@@ -416,7 +414,7 @@ def test_sync_follow_over_object_storage_failing_for_a_while(
         writer.start()
         sync = _Sync(path, server.dsn, SYNC_FOLLOW_S)
         try:
-            wait_until(lambda: not sync.running() or sync.count(" applied LSN ", err=False) > 0, 240, "a first merge")
+            wait_until(lambda: not sync.running() or sync.merged() > 0, 240, "a first merge")
             assert sync.running(), sync.output()
             proxy.cut()
             writer.stopping.wait(STORAGE_OUTAGE_S)  # the outage's length

@@ -280,6 +280,22 @@ def _pump(stream: object, lines: list[str]) -> None:
         lines.append(line.rstrip("\n"))
 
 
+def _terminate_walsender(server: Database) -> None:
+    """Terminate the backend streaming the slot, once it has one (the drain may be between
+    connections), and check that one was terminated."""
+
+    def terminated() -> bool:
+        with server.connect() as conn:
+            row = conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE slot_name = %s AND active_pid IS NOT NULL",
+                (SLOT,),
+            ).fetchone()
+        return row is not None and bool(row[0])
+
+    wait_until(terminated, 60, "a walsender streaming the slot, terminated")
+
+
 @pytest.mark.slow
 def test_sync_follow_rides_out_a_terminated_walsender_and_two_crashes_of_its_server(
     server: Database, tmp_path: Path
@@ -302,10 +318,7 @@ def test_sync_follow_rides_out_a_terminated_walsender_and_two_crashes_of_its_ser
         assert sync.running(), sync.output()
         _drained_past_now(path, server.dsn, sync, "a durable batch")
         before = sync.reconnecting()
-        with server.connect() as conn:  # the walsender terminated: the stream reconnects
-            conn.execute(
-                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)
-            )
+        _terminate_walsender(server)  # the stream reconnects
         terminated = time.monotonic()
         wait_until(lambda: not sync.running() or sync.reconnecting() > before, 60, "the drain to reconnect")
         _drained_past_now(path, server.dsn, sync, "a durable batch after the walsender was terminated")

@@ -94,9 +94,16 @@ class TableState:
     awaiting_copy: int | None = None
     last_ddl_lsn: int | None = None
 
+    @property
+    def last_lsn(self) -> int:
+        """The end LSN of the last transaction a mirror of the table must apply: its last change or
+        its last captured schema change."""
+        return max(self.last_change_lsn, self.last_ddl_lsn or -1)
+
     def held_by(self, applied: int | None) -> bool:
-        """Whether a Delta table whose applied LSN is ``applied`` holds every change logged for it."""
-        return applied is not None and self.last_change_lsn <= applied
+        """Whether a Delta table whose applied LSN is ``applied`` holds every change and schema
+        change logged for it."""
+        return applied is not None and self.last_lsn <= applied
 
 
 def awaiting_copy_reason(slot_point: int) -> str:

@@ -97,7 +97,7 @@ def needed_after(state: TableState, applied: int | None, checkpoint_lsn: int) ->
     run = state.snapshot_run
     if applied is None or (run is not None and applied < run.position):
         return run.consistent_point if run is not None else -1
-    return checkpoint_lsn if applied >= state.last_change_lsn else applied
+    return checkpoint_lsn if state.held_by(applied) else applied
 
 
 def retain(

@@ -63,7 +63,9 @@ class SchemaChangeMessage:
     """One capture message: ``table`` (``relation_oid``) as ``command_tag`` left it, for the
     capture of ``slot`` (publication ``publication``). ``key``: the replica identity's columns by
     attnum (every column under ``REPLICA IDENTITY FULL``, none without a key); ``rewrite_reason``:
-    the ``table_rewrite`` reason bits when the command rewrote the table (None: not rewritten)."""
+    the ``table_rewrite`` reason bits when the command rewrote the table (None: not rewritten);
+    ``published``: the names of the columns the publication sends, in attnum order (None: a
+    message written before the capture said)."""
 
     slot: str
     publication: str
@@ -75,6 +77,7 @@ class SchemaChangeMessage:
     key: tuple[int, ...]
     rewrite_reason: int | None
     columns: tuple[DdlColumn, ...]
+    published: tuple[str, ...] | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -111,6 +114,7 @@ class SchemaChangeMessage:
                 tuple(int(a) for a in data["key"]),
                 None if reason is None else int(reason),
                 tuple(DdlColumn.from_json(c) for c in data["columns"]),
+                None if data.get("published") is None else tuple(str(n) for n in data["published"]),
             )
         except (ValueError, KeyError, TypeError) as error:
             detail = f"no {error}" if isinstance(error, KeyError) else str(error)

@@ -210,7 +210,7 @@ def read_status(config: Config) -> Status:
         status.tables.append(
             TableStatus(
                 name,
-                state.last_change_lsn if state else None,
+                state.last_lsn if state else None,
                 state.schema_version if state else None,
                 applied,
                 path,

@@ -99,3 +99,31 @@ def test_a_ddl_inside_a_transaction_with_writes_before_and_after(
         assert applied.skipped is None, applied.summary()
         assert "renamed b to b2" in applied.columns and "added e" in applied.columns, applied.columns
         _assert_exact(pipe, session, "the transaction")
+
+
+def test_a_rewrite_is_copied_again_by_sync(pg: Database, spark: Any, tmp_path: Path) -> None:
+    """``ALTER TYPE … USING`` and a volatile default rewrite the table, whose rows the stream never
+    carries: the drain holds the table, ``sync`` copies it again online (no person involved) and the
+    mirror equals the source afterwards; ``status`` said why it was held."""
+    pg.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, a int, b text); INSERT INTO t SELECT g, g, 'b' FROM generate_series(1, 200) g"
+    )
+    pipe = Pipeline(pg, tmp_path, [TABLE])
+    pipe.setup()
+    assert pipe.cli("sync").returncode == 0
+    for i, ddl in enumerate(
+        [
+            "ALTER TABLE t ALTER COLUMN a TYPE bigint USING a * 1000 + 1",
+            "ALTER TABLE t ADD COLUMN g float8 DEFAULT random()",
+        ]
+    ):
+        pg.execute(f"INSERT INTO t (id, a) VALUES ({300 + i}, 1)")
+        pg.execute(ddl)
+        pg.execute(f"UPDATE t SET b = 'after' WHERE id % 10 = {i}")
+        pipe.drain()
+        status = pipe.cli("status").stdout
+        assert "rewrote it" in status and "`cdc-assets sync` copies it" in status, status
+        synced = pipe.cli("sync")
+        assert synced.returncode == 0 and f"copied again {TABLE}" in synced.stdout, synced.stdout + synced.stderr
+        _assert_exact(pipe, spark, ddl)
+        assert "held until" not in pipe.cli("status").stdout

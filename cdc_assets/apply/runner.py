@@ -198,7 +198,7 @@ def _apply_table(
         result.skipped = "not in the change log (not published, or set up before it was configured)"
         return result
     if state.awaiting_copy is not None:
-        result.skipped = awaiting_copy_reason(state.awaiting_copy)
+        result.skipped = awaiting_copy_reason(state)
         return result
     if applied is not None and applied >= lsn:
         result.skipped = "up to date"
@@ -273,7 +273,7 @@ def rebuild_table(
     if checkpoint is None or state is None:
         raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog.path} holds nothing for it")
     if state.awaiting_copy is not None:
-        raise CdcError(f"cannot rebuild {name}: {awaiting_copy_reason(state.awaiting_copy)}")
+        raise CdcError(f"cannot rebuild {name}: {awaiting_copy_reason(state)}")
     target = delta_target(config, table, spark)
     history = _carried_history(reader, name, state, checkpoint.lsn)
     if history.recopy is not None:

@@ -116,7 +116,7 @@ def retain(
             continue
         if state.awaiting_copy is not None:  # its copy will replace what the log holds for it: not folded
             needs.append(state.awaiting_copy)
-            result.tables.append(TableRetention(str(table.name), skipped=awaiting_copy_reason(state.awaiting_copy)))
+            result.tables.append(TableRetention(str(table.name), skipped=awaiting_copy_reason(state)))
             continue
         needed = needed_after(state, applied.get(str(table.name)), checkpoint.lsn)
         needs.append(needed)

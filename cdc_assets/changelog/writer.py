@@ -31,6 +31,7 @@ from cdc_assets.changelog.segment_file import (
 from cdc_assets.changelog.snapshot_runs import SNAPSHOT_RUN_PREFIX, SnapshotRunAnnouncement, SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import LogicalDecodingMessage
 from cdc_assets.pgoutput.records import RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
@@ -336,14 +337,26 @@ class BatchWriter:
             relation=run.relation if newer_columns else state.relation,
             snapshot_run=ref,
             awaiting_copy=awaiting if awaiting is not None and run.consistent_point < awaiting else None,
+            copy_reason=state.copy_reason if awaiting is not None and run.consistent_point < awaiting else None,
         )
 
     def _schema_change(self, change: SchemaChangeMessage, end_lsn: int) -> None:
         """Note a captured schema change of a table the log knows, by this log's slot's capture (another
-        installation's messages, and those of tables without a copy yet, stay in ``messages/`` only)."""
+        installation's messages, and those of tables without a copy yet, stay in ``messages/`` only).
+        A rewrite holds the table until a copy from the end of its transaction on is announced: the
+        stream never carries the rows a rewrite wrote ("Schema migrations")."""
         state = self._tables.get(change.qualified_name)
-        if change.slot == self.start.slot and state is not None:
-            self._tables[change.qualified_name] = replace(state, last_ddl_lsn=end_lsn)
+        if change.slot != self.start.slot or state is None:
+            return
+        state = replace(state, last_ddl_lsn=end_lsn)
+        if change.rewritten:
+            state = replace(
+                state,
+                awaiting_copy=max(end_lsn, state.awaiting_copy or -1),
+                copy_reason=f"{change.command_tag} rewrote it ({', '.join(change.rewrite_reasons())})"
+                f" in the transaction ending at LSN {format_lsn(end_lsn)}",
+            )
+        self._tables[change.qualified_name] = state
 
     def _take_prepared(self, gid: str, end_lsn: int) -> PreparedEntry:
         entry = self._prepared.pop(gid, None)

@@ -100,7 +100,7 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
                 verdicts.append(Verdict(name, reason="the change log holds nothing for it yet"))
                 continue
             if state.awaiting_copy is not None and state.copy_reason is not None:  # rewritten: copied again
-                key = f"copy:{name}@{state.awaiting_copy}"  # once per hold: Dagster skips a run key it launched
+                key = f"{name}@copy:{state.awaiting_copy}"  # once per hold: Dagster skips a run key it launched
                 verdicts.append(Verdict(name, dg.RunRequest(run_key=key, job_name=COPY_JOB, partition_key=name)))
                 continue
             if state.awaiting_copy is not None:

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 from cdc_assets.apply.runner import TableApplied, apply_tables
+from cdc_assets.faults import ENV as FAULT_ENV
+from cdc_assets.pipeline.held_copies import drain_with_copies
 from tests.support.database import Database
 from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.pipeline import Pipeline
@@ -33,7 +36,8 @@ MIGRATIONS = [
 
 
 def _applied(pipe: Pipeline, spark: Any) -> TableApplied:
-    pipe.drain()
+    """What ``sync`` does: drain (copying the tables held for a copy), then apply."""
+    drain_with_copies(pipe.config(), pipe.drain)
     (applied,) = apply_tables(pipe.config(), spark)
     return applied
 
@@ -46,14 +50,26 @@ def _assert_exact(pipe: Pipeline, spark: Any, what: str) -> None:
 def test_each_migration_leaves_the_mirror_equal_to_its_source(pg_any: Database, spark: Any, tmp_path: Path) -> None:
     """The migrations that broke the mirror (a constant, NOT NULL or stable default, a rename, a
     drop and an add of the same name, the key renamed) and those that did not, one after another,
-    each between writes: the mirror equals the source by name after each, and renames keep values
-    (no column is dropped and added again in Delta)."""
-    pg = pg_any
+    each between writes: the mirror equals the source by name after each, with no copy."""
+    _migrate_each(pg_any, spark, tmp_path, capture=True)
+
+
+def test_without_ddl_capture_each_migration_is_copied_again_where_it_cannot_be_told(
+    pg: Database, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``ddl_capture: false`` the Relation messages alone cannot tell a rename from a drop and
+    an add, nor whether an added column has a default: such a migration holds the table, with a
+    warning naming DDL capture, and ``sync`` copies it again — never a silent difference."""
+    _migrate_each(pg, spark, tmp_path, capture=False)
+    assert "DDL capture (`source.ddl_capture`) applies such changes in place" in caplog.text
+
+
+def _migrate_each(pg: Database, spark: Any, tmp_path: Path, *, capture: bool) -> None:
     pg.execute(
         "CREATE TABLE t (id int PRIMARY KEY, a int, b text, c text, d varchar(20));"
         " INSERT INTO t SELECT g, g, 'b' || g, 'c' || g, 'd' FROM generate_series(1, 200) g"
     )
-    pipe = Pipeline(pg, tmp_path, [TABLE])
+    pipe = Pipeline(pg, tmp_path, [TABLE], source={"ddl_capture": capture})
     pipe.setup()
     session = spark.newSession()
     with fast_spark(session):
@@ -127,3 +143,44 @@ def test_a_rewrite_is_copied_again_by_sync(pg: Database, spark: Any, tmp_path: P
         assert synced.returncode == 0 and f"copied again {TABLE}" in synced.stdout, synced.stdout + synced.stderr
         _assert_exact(pipe, spark, ddl)
         assert "held until" not in pipe.cli("status").stdout
+
+
+def test_an_apply_killed_at_every_step_of_a_migration_loses_and_duplicates_nothing(
+    pg: Database, spark: Any, tmp_path: Path
+) -> None:
+    """The real ``apply`` SIGKILLed after each step of moving the mirror's columns (the attnums
+    recorded, a column dropped, renamed — two swapped through a temporary name — added, its default
+    filled) and after its data commit, each time run again until it finishes: the mirror equals
+    the source, and no column was dropped and added again for a rename (values kept)."""
+    pg.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, a int, b text, c text, x text, y text);"
+        " INSERT INTO t SELECT g, g, 'b' || g, 'c' || g, 'x' || g, 'y' || g FROM generate_series(1, 100) g"
+    )
+    pipe = Pipeline(pg, tmp_path, [TABLE])
+    pipe.setup()
+    assert pipe.cli("sync").returncode == 0
+    pg.execute("INSERT INTO t (id, a) VALUES (1000, 1)")
+    for ddl in (
+        "ALTER TABLE t RENAME COLUMN b TO b2",
+        "ALTER TABLE t ADD COLUMN e int DEFAULT 7",
+        "ALTER TABLE t DROP COLUMN c",
+        "ALTER TABLE t ADD COLUMN c text",
+        "ALTER TABLE t RENAME COLUMN x TO tmp",
+        "ALTER TABLE t RENAME COLUMN y TO x",
+        "ALTER TABLE t RENAME COLUMN tmp TO y",
+    ):
+        pg.execute(ddl)
+    pg.execute("UPDATE t SET a = -a WHERE id % 10 = 0; INSERT INTO t (id, a, e, c) VALUES (1001, 2, 3, 'new')")
+    pipe.drain()
+    kills = 0
+    while (killed := pipe.cli("apply", env={**pipe.environ, FAULT_ENV: "apply-evolve"})).returncode == -9:
+        kills += 1
+        assert kills < 20, "the apply does not get past its schema changes"
+    assert killed.returncode == 0, killed.stderr
+    assert kills >= 7, f"killed {kills} times: fewer steps than the migration has"
+    for point in ("apply-evolve", "apply-commit"):
+        assert pipe.cli("apply", env={**pipe.environ, FAULT_ENV: point}).returncode == 0  # nothing left to do
+    _assert_exact(pipe, spark, "the killed applies")
+    versions = DeltaTable(pipe.config().target_path(pipe.config().tables[0])).history()
+    operations = [v["operation"] for v in versions]
+    assert "RENAME COLUMN" in operations and operations.count("ADD COLUMNS") == 2, operations

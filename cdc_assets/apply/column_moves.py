@@ -27,14 +27,12 @@ from cdc_assets.apply.target import DeltaTarget, backquote, sql_string
 from cdc_assets.changelog.column_lineage import ColumnNames, Lineage, carry_columns, copy_names
 from cdc_assets.changelog.schema_changes import TableDdl
 from cdc_assets.faults import fault_point
-from cdc_assets.pgoutput.records import ChangeChunk
+from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 
 SOURCE_COLUMNS = "cdc_assets.sourceColumns"
 """The mirror's table property that holds its columns' attnums (:class:`SourceColumns`, as JSON)."""
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
-RENAMING = "_cdc_renaming_"
-"""The prefix of a column's name between two renames (when its new name is still another's)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -189,8 +187,8 @@ def move_columns(target: DeltaTarget, lineage: Lineage, after: int, lsn: int) ->
     }
     for attnum, (old, new) in list(renames.items()):
         if new in names.values():  # still another column's name: out of the way first
-            _rename(target, old, f"{RENAMING}{attnum}")
-            names[physical[attnum]] = f"{RENAMING}{attnum}"
+            _rename(target, old, f"{DeltaColumn.RENAMING}{attnum}")
+            names[physical[attnum]] = f"{DeltaColumn.RENAMING}{attnum}"
     for attnum, (old, new) in renames.items():
         _rename(target, names[physical[attnum]], new)
         names[physical[attnum]] = new

@@ -28,7 +28,6 @@ from cdc_assets.apply.target import DeltaTarget, app_id, is_delta_conflict
 from cdc_assets.changelog.checkpoint import TableState, awaiting_copy_reason
 from cdc_assets.changelog.planner import fill_from_history, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.changelog.schema_changes import TableDdl
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
@@ -208,7 +207,7 @@ def _apply_table(
     copied = applied is None or run is not None
     nothing_new = not copied and state.last_change_lsn <= after  # then no segment is opened
     chunks = [] if nothing_new else list(reader.read_table(name, state, after, lsn))
-    ddls = _schema_changes(reader, name, state, after, lsn)
+    ddls = reader.schema_changes_read(name, state, after, lsn)
     if not ddls and (not chunks or (not copied and sum(c.records.num_rows for c in chunks) == 0)):
         result.skipped = "no changes"
         return result
@@ -242,20 +241,11 @@ def _finished(result: TableApplied, target: DeltaTarget, started: float) -> Tabl
     return result
 
 
-def _schema_changes(reader: ChangeLogReader, table: str, state: TableState, after: int, upto: int) -> list[TableDdl]:
-    """The table's schema changes that apply after ``after`` up to ``upto``: those after the copy
-    the range starts from, if it does."""
-    if state.last_ddl_lsn is None or state.last_ddl_lsn <= after:
-        return []
-    run = reader.due_snapshot_run(state, after, upto)
-    return reader.schema_changes(table, after if run is None else max(after, run.consistent_point), upto)
-
-
 def _carried_history(reader: ChangeLogReader, table: str, state: TableState, lsn: int) -> CarriedRange:
     """The table's whole log from its copy, carried through its schema changes (not applied)."""
     history = list(reader.read_table(table, state, upto=lsn))
     return carry_range(
-        None, table, state.relation, history, _schema_changes(reader, table, state, -1, lsn), None, -1, lsn
+        None, table, state.relation, history, reader.schema_changes_read(table, state, upto=lsn), None, -1, lsn
     )
 
 

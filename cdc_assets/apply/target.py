@@ -257,7 +257,9 @@ class DeltaTarget:
                 ),
             )
         except OSError as error:
-            raise StorageError(f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}") from None
+            raise StorageError(
+                f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
+            ) from None
         finally:
             self._wrote()
         fault_point("apply-commit")

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, awaiting_copy_reason, write_checkpoint
+from cdc_assets.changelog.column_lineage import carry_columns
 from cdc_assets.changelog.compacted_base import write_base
 from cdc_assets.changelog.layout import CHECKPOINT, COPY_BATCH, MESSAGES, TRANSACTIONS, SegmentName, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader, Segment
@@ -182,7 +183,17 @@ def _fold_table(
         return outcome, checkpoint  # later, with more of them
     else:
         chunks = list(reader.read_table(name, state, upto=lsn))
-        outcome.base = write_base(reader.store, checkpoint.slot, name, chunks, lsn, commit_time, table.truncate)
+        ddls = reader.schema_changes_read(name, state, upto=lsn)
+        relation = chunks[-1].relation  # the columns as of ``lsn``
+        if ddls:  # the records carried through the table's schema changes, by attnum
+            lineage = carry_columns(None, chunks, ddls, state.relation)
+            if lineage.recopy is not None or lineage.relation is None:
+                outcome.skipped = f"its schema changes cannot be folded: {lineage.recopy}"
+                return outcome, checkpoint
+            chunks, relation = lineage.chunks, lineage.relation
+        outcome.base = write_base(
+            reader.store, checkpoint.slot, name, chunks, relation, lsn, commit_time, table.truncate
+        )
         fault_point("retention-base")
         copy = SnapshotRunRef(outcome.base, lsn, lsn)
     folded = Folded(max(lsn, state.folded.lsn if state.folded else -1), commit_time)

@@ -20,6 +20,7 @@ from typing import Any
 
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.ddl_capture import DDL_FORMAT, DDL_PREFIX
 
 REWRITE_REASONS = {1: "persistence", 2: "default value", 4: "column type", 8: "access method"}
@@ -141,3 +142,23 @@ def _flag(value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {value!r}")
     return value
+
+
+def uncertain_column_change(old: RelationSchema, new: RelationSchema) -> str | None:
+    """What the Relation messages alone cannot tell about a change of a table's columns from
+    ``old`` to ``new`` (None: nothing — columns dropped, or a type modifier changed): a new column
+    may have a default the rows from before read, a rename and a drop + add look alike, and a
+    changed type may hide a ``USING`` expression ("Schema migrations")."""
+    before = {c.name: c for c in old.columns}
+    after = {c.name: c for c in new.columns}
+    added = [name for name in after if name not in before]
+    retyped = [name for name in after if name in before and after[name].type_oid != before[name].type_oid]
+    if not added and not retyped:
+        return None
+    parts = []
+    if added:
+        dropped = [name for name in before if name not in after]
+        parts.append(f"{', '.join(added)} added" + (f" and {', '.join(dropped)} dropped" if dropped else ""))
+    if retyped:
+        parts.append(f"{', '.join(retyped)} changed type")
+    return "; ".join(parts)

@@ -38,7 +38,9 @@ class TableStatus:
     delta_path: str | None = None
     snapshot_run: SnapshotRunRef | None = None  # the table's latest copy: online snapshot run or compacted base
     held: Hold | None = None  # segments past the retention kept because this table still needs them
-    awaiting_copy: int | None = None  # held (after a lost slot, or a rewrite) until its copy from this LSN on is drained
+    awaiting_copy: int | None = (
+        None  # held (after a lost slot, or a rewrite) until its copy from this LSN on is drained
+    )
     held_for_copy: str | None = None  # why, in words
 
     @property

@@ -7,7 +7,7 @@ import pyarrow as pa
 
 from cdc_assets.changelog.column_lineage import _array_element, carry_columns
 from cdc_assets.changelog.planner import plan_changes
-from cdc_assets.changelog.schema_changes import DdlColumn, SchemaChangeMessage, TableDdl
+from cdc_assets.changelog.schema_changes import DdlColumn, SchemaChangeMessage, TableDdl, uncertain_column_change
 from tests.support.records import INT4, KEY, TEXT, ChangeLog, relation
 
 NAMES = {1: "id", 2: "a", 3: "b"}
@@ -89,3 +89,17 @@ def test_attmissingval_literals() -> None:
     assert _array_element("{NULL}") is None
     assert _array_element("{1,2}") is None
     assert _array_element("7") is None
+
+
+def test_what_the_relation_messages_alone_cannot_tell() -> None:
+    before = relation("t", ("id", INT4, KEY), ("a", INT4), ("b", TEXT), ("c", TEXT))
+    assert uncertain_column_change(before, relation("t", ("id", INT4, KEY), ("a", INT4), ("c", TEXT))) is None
+    assert uncertain_column_change(
+        before, relation("t", ("id", INT4, KEY), ("a", INT4), ("b2", TEXT), ("c", TEXT))
+    ) == ("b2 added and b dropped")
+    assert uncertain_column_change(before, relation("t", ("id", INT4, KEY), ("a", INT4), ("c", TEXT), ("b", TEXT))) == (
+        "b dropped and added again"
+    )
+    assert uncertain_column_change(before, relation("t", ("id", INT4, KEY), ("a", 20), ("b", TEXT), ("c", TEXT))) == (
+        "a changed type"
+    )

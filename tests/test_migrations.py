@@ -5,9 +5,13 @@ equals the source by name, read by Spark and by delta-rs."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from deltalake import DeltaTable
 
@@ -16,7 +20,7 @@ from cdc_assets.faults import ENV as FAULT_ENV
 from cdc_assets.pipeline.held_copies import drain_with_copies
 from tests.support.database import Database
 from tests.support.mirror_diff import compare_all, fast_spark, report
-from tests.support.pipeline import Pipeline
+from tests.support.pipeline import Pipeline, wait_until
 
 TABLE = "public.t"
 WRITES = (
@@ -184,3 +188,57 @@ def test_an_apply_killed_at_every_step_of_a_migration_loses_and_duplicates_nothi
     versions = DeltaTable(pipe.config().target_path(pipe.config().tables[0])).history()
     operations = [v["operation"] for v in versions]
     assert "RENAME COLUMN" in operations and operations.count("ADD COLUMNS") == 2, operations
+
+
+@contextmanager
+def _writes_meanwhile(dsn: str, first_new: int) -> Iterator[None]:
+    """Single-row autocommit writes on another connection (updates of existing keys, inserts of new
+    ones from ``first_new``) while the block runs; waits until some were made both before and after."""
+    stop, done, errors = threading.Event(), [0], []
+
+    def write() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                key = first_new
+                while not stop.is_set():
+                    conn.execute("UPDATE t SET a = a + 1 WHERE id = %s", (1 + done[0] * 7919 % 1000,))
+                    conn.execute("INSERT INTO t (id, a) VALUES (%s, %s)", (key, key))
+                    key, done[0] = key + 1, done[0] + 1
+        except BaseException as error:  # noqa: BLE001 - raised in the test's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=write, name="writes-meanwhile")
+    thread.start()
+    try:
+        wait_until(lambda: done[0] >= 20 or errors, 60, "writes before the block")
+        yield
+        count = done[0]
+        wait_until(lambda: done[0] >= count + 20 or errors, 60, "writes after the block")
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+
+
+@pytest.mark.slow
+def test_add_column_default_on_a_million_rows_between_concurrent_writes(
+    pg: Database, spark: Any, tmp_path: Path
+) -> None:
+    """``ADD COLUMN … DEFAULT`` of a table of a million rows while another connection writes: the
+    mirror reads the default in every old row and each write's own value, with no copy (the table's
+    copies stay the initial one)."""
+    pg.execute(
+        "CREATE TABLE t (id int PRIMARY KEY, a int); INSERT INTO t SELECT g, g FROM generate_series(1, 1000000) g"
+    )
+    pipe = Pipeline(pg, tmp_path, [TABLE])
+    pipe.setup()
+    session = spark.newSession()
+    with fast_spark(session):
+        _applied(pipe, session)
+        with _writes_meanwhile(pg.dsn, 2_000_000):
+            pg.execute("ALTER TABLE t ADD COLUMN e int DEFAULT 7")
+        pg.execute("UPDATE t SET e = 8 WHERE id <= 10")
+        applied = _applied(pipe, session)
+        assert "added e (its default in every row)" in applied.columns, applied.summary()
+        assert pipe.checkpoint().tables[TABLE].snapshot_run is None  # no copy was made
+        _assert_exact(pipe, session, "ADD COLUMN e int DEFAULT 7")

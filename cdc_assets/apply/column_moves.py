@@ -182,17 +182,19 @@ def move_columns(target: DeltaTarget, lineage: Lineage, after: int, lsn: int) ->
             target.execute(f"ALTER TABLE {target.sql_name} DROP COLUMN {backquote(names[phys])}")
             moved.dropped.append(names.pop(phys))
             fault_point("apply-evolve")
-    renames = {
-        a: (names[p], final[a]) for a, p in physical.items() if a in final and p in names and names[p] != final[a]
-    }
-    for attnum, (old, new) in list(renames.items()):
-        if new in names.values():  # still another column's name: out of the way first
-            _rename(target, old, f"{DeltaColumn.RENAMING}{attnum}")
+    pending = {a: final[a] for a, p in physical.items() if a in final and p in names and names[p] != final[a]}
+    while pending:  # each to its new name once that name is free; a cycle through a temporary name
+        held = set(names.values())
+        ready = [a for a, new in pending.items() if new not in held]
+        if not ready:
+            attnum = next(a for a in pending if names[physical[a]] != f"{DeltaColumn.RENAMING}{a}")
+            _rename(target, names[physical[attnum]], f"{DeltaColumn.RENAMING}{attnum}")
             names[physical[attnum]] = f"{DeltaColumn.RENAMING}{attnum}"
-    for attnum, (old, new) in renames.items():
-        _rename(target, names[physical[attnum]], new)
-        names[physical[attnum]] = new
-        moved.renamed.append((old, new))
+            continue
+        for attnum in ready:
+            _rename(target, names[physical[attnum]], pending[attnum])
+            names[physical[attnum]] = pending.pop(attnum)
+            moved.renamed.append((lineage.start.get(attnum, final[attnum]), final[attnum]))
     order = [c.name for c in lineage.relation.columns] if lineage.relation else []
     for attnum, name in final.items():
         if attnum in physical:

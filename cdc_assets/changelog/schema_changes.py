@@ -148,17 +148,23 @@ def uncertain_column_change(old: RelationSchema, new: RelationSchema) -> str | N
     """What the Relation messages alone cannot tell about a change of a table's columns from
     ``old`` to ``new`` (None: nothing — columns dropped, or a type modifier changed): a new column
     may have a default the rows from before read, a rename and a drop + add look alike, and a
-    changed type may hide a ``USING`` expression ("Schema migrations")."""
+    changed type may hide a ``USING`` expression ("Schema migrations"). A column dropped and added
+    again under its name shows only where it was not the last column."""
     before = {c.name: c for c in old.columns}
     after = {c.name: c for c in new.columns}
     added = [name for name in after if name not in before]
-    retyped = [name for name in after if name in before and after[name].type_oid != before[name].type_oid]
-    if not added and not retyped:
-        return None
+    kept = [name for name in before if name in after]
+    # columns keep their attnum order: one found after a column that came after it was dropped and added again
+    rank = {name: i for i, name in enumerate(kept)}
+    order = [name for name in after if name in before]
+    moved = [name for i, name in enumerate(order) if any(rank[other] > rank[name] for other in order[:i])]
+    retyped = [name for name in kept if after[name].type_oid != before[name].type_oid]
     parts = []
     if added:
         dropped = [name for name in before if name not in after]
         parts.append(f"{', '.join(added)} added" + (f" and {', '.join(dropped)} dropped" if dropped else ""))
+    if moved:
+        parts.append(f"{', '.join(moved)} dropped and added again")
     if retyped:
         parts.append(f"{', '.join(retyped)} changed type")
-    return "; ".join(parts)
+    return "; ".join(parts) or None

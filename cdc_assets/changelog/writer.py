@@ -390,7 +390,7 @@ class BatchWriter:
             state = self.start.tables.get(change.table)
             captured = [state.last_ddl_lsn if state and state.last_ddl_lsn else -1]
             captured += self._schema_changes.get(change.table, [])
-            if any(change.after < end <= change.first for end in captured):
+            if any(change.after <= end <= change.first for end in captured):  # its transaction's, or between
                 continue
             uncertain = uncertain_column_change(change.old, change.new)
             if uncertain is None:

@@ -211,9 +211,8 @@ def move_columns(target: DeltaTarget, lineage: Lineage, after: int, lsn: int) ->
         if name in lineage.missing:
             _fill(target, name, lineage.missing[name])
             moved.filled.append(name)
-    by_name = _fields(target)
-    done = SourceColumns(lsn, final, {a: by_name[n] for a, n in final.items() if n in by_name}, (after, lineage.start))
-    _record(target, recorded_columns(target), done)
+        physical[attnum] = _fields(target)[name]  # recorded: done, its default filled
+        _record(target, recorded_columns(target), SourceColumns(lsn, final, dict(physical), (after, lineage.start)))
     return moved
 
 
@@ -223,18 +222,22 @@ def _rename(target: DeltaTarget, old: str, new: str) -> None:
 
 
 def _fill(target: DeltaTarget, name: str, value: pa.Scalar) -> None:
-    """Every row the table holds gets ``value`` in column ``name`` (one commit, not the data's)."""
+    """Every row the table holds gets ``value`` in column ``name``, just added (one commit, not the
+    data's). Only NULLs are set — every row's, as the table still holds the rows from before the
+    column: a run killed after the fill finds none left and commits nothing."""
     rows = to_delta_arrow(pa.table({"v": pa.array([value.as_py()], value.type)}))
     view = f"cdc_default_{uuid.uuid4().hex}"
     target.spark.createDataFrame(rows, schema=spark_schema(rows.schema)).createTempView(view)
+    column = f"t.{backquote(name)}"
     try:
-        target.execute(
+        (result,) = target.execute(
             f"MERGE INTO {target.sql_name} t USING {backquote(view)} s ON true"
-            f" WHEN MATCHED THEN UPDATE SET t.{backquote(name)} = s.v"
+            f" WHEN MATCHED AND {column} IS NULL THEN UPDATE SET {column} = s.v"
         )
     finally:
         target.spark.catalog.dropTempView(view)
-    fault_point("apply-evolve")
+    if result["num_updated_rows"]:
+        fault_point("apply-evolve")
 
 
 def _record(target: DeltaTarget, recorded: SourceColumns | None, columns: SourceColumns) -> None:

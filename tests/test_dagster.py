@@ -5,7 +5,7 @@ backfills, and the parity and lag checks.
 
 Most tests share one module-scoped pipeline (:func:`env`: a database, its change log, Delta tables
 and a persistent Dagster instance) so Spark work stays small; each test brings the pipeline to the
-state it needs (:func:`sync`) and leaves its tables equal to their sources. The run-queue tests use
+state it needs (:meth:`DagsterEnv.sync`) and leaves its tables equal to their sources. The run-queue tests use
 their own database and instance.
 """
 
@@ -25,7 +25,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from dagster._core.execution.api import create_execution_plan
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
@@ -54,24 +53,37 @@ from dagster_project.assets import (
     history_path,
 )
 from dagster_project.consistent import POINT_KEY
-from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
 from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
 from dagster_project.settings import load_settings
 from dagster_project.verify import VERIFY_KEY
 from tests.support.commit_time import commit_at
 from tests.support.dagster_env import (
+    DEMO_INSTANCE,
     DSN_VARIABLE,
+    MIRROR_KEYS,
     ROOT,
     SLOT,
     TABLES,
     DagsterEnv,
     SensorTick,
     ThreadRunLauncher,
+    commit_each,
     create_source,
     execute,
     load_code_location,
+    materialization,
+    requested,
+    tick_time,
     write_dagster_config,
+)
+from tests.support.dagster_rounds import (
+    ROUND_1,
+    ROUND_1_CHANGES,
+    ROUND_1_MERGED,
+    ROUND_2,
+    ROUND_2_CHANGES,
+    ROUND_2_MERGED,
 )
 from tests.support.database import Database
 from tests.support.mirror_diff import rust_table
@@ -80,40 +92,8 @@ from tests.support.rows import difference, multiset
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SECRET_DSN = "postgresql://cdc_reader:Sup3r-S3cret-Pw@db.example.internal:5432/shop"
-DEMO_INSTANCE = yaml.safe_load(DEMO_INSTANCE_YAML)
 DEPLOY = ROOT / "deploy"
 QUEUE_SLOT = "cdc_queue_slot"
-MIRROR_KEYS = {t: dg.AssetKey(["delta", *t.split(".")]) for t in TABLES}
-
-# Round 1 leaves public.notes idle; round 2 changes public.notes only. Every statement changes one
-# row, so the change records per table are the statements per table.
-ROUND_1 = [
-    [
-        "INSERT INTO public.customers VALUES (6, 'customer 6', 'bronze', DATE '2024-02-01')",
-        "INSERT INTO public.orders VALUES (7, 6, 'draft', 70)",  # filtered out
-    ],
-    [
-        "UPDATE public.customers SET tier = 'gold' WHERE id = 1",
-        "UPDATE public.orders SET status = 'paid' WHERE id = 3",  # moves into the row filter
-        "UPDATE public.orders SET status = 'draft' WHERE id = 2",  # moves out of it
-    ],
-    [
-        "DELETE FROM public.customers WHERE id = 5",
-        "DELETE FROM public.orders WHERE id = 4",
-        "INSERT INTO public.customers VALUES (7, 'customer 7', 'silver', DATE '2024-02-02')",
-        "INSERT INTO public.orders VALUES (8, 7, 'paid', 80)",
-    ],
-]
-ROUND_1_CHANGES = {CUSTOMERS: 4, ORDERS: 5}
-ROUND_1_MERGED = {CUSTOMERS: (2, 1, 1), ORDERS: (2, 0, 2)}  # (inserted, updated, deleted) in Delta
-ROUND_2 = [
-    ["INSERT INTO public.notes VALUES (4, 'note 4', 4)", "UPDATE public.notes SET body = 'edited' WHERE id = 1"],
-    ["DELETE FROM public.notes WHERE id = 2"],
-]
-ROUND_2_CHANGES = {NOTES: 3}
-# public.notes is REPLICA IDENTITY FULL: its rows match on every column, so Delta replaces an
-# updated row (one delete, one insert) rather than updating it.
-ROUND_2_MERGED = {NOTES: (2, 0, 2)}
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------------
@@ -131,35 +111,6 @@ def env(pg_module: Database, spark: Any, tmp_path_factory: pytest.TempPathFactor
         create_source(pg_module, folder)
         with dg.instance_for_test(overrides=DEMO_INSTANCE) as instance:
             yield DagsterEnv(pg_module, folder, instance)
-
-
-def tick_time(minute: int) -> datetime:
-    return datetime(2026, 1, 5, 12, minute, tzinfo=UTC)
-
-
-def requested(ticks: dict[str, Any]) -> set[str]:
-    return {table for table, tick in ticks.items() if tick.run_requests}
-
-
-def merge_requested(env: DagsterEnv, ticks: dict[str, Any]) -> dict[str, dg.ExecuteInProcessResult]:
-    """Execute every run request of ``ticks``; each run's mirror materialization, by table."""
-    results = {}
-    for table, tick in ticks.items():
-        for request in tick.run_requests:
-            results[table] = env.execute_request(tick, request)
-    return results
-
-
-def sync(env: DagsterEnv, minute: int) -> dict[str, dg.ExecuteInProcessResult]:
-    """A scheduled drain, then the merges the sensors request."""
-    env.run_schedule(tick_time(minute))
-    return merge_requested(env, env.evaluate_sensors())
-
-
-def materialization(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict[str, Any]:
-    events = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
-    assert len(events) == 1, events
-    return {k: v.value for k, v in events[0].materialization.metadata.items()}
 
 
 def publish_requested_point(env: DagsterEnv) -> dict[str, Any]:
@@ -286,7 +237,7 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         assert json.loads(tick.cursor or "{}")[table] == env.checkpoint_lsn()
         assert request.job_name == f"cdc_merge__{table.replace('.', '__')}"
         assert env.defs.resolve_job_def(request.job_name).executor_def.name == "in_process"
-    results = merge_requested(env, ticks)
+    results = env.merge_requested(ticks)
     env.assert_delta_equals_source()
     for table, result in results.items():
         assert result.dagster_run.tags["cdc/table"] == table.replace(".", "__")  # the merge job's tag
@@ -339,7 +290,7 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         for table in set(TABLES) - set(changes):
             assert again[table].reason() == "up to date"
 
-        results = merge_requested(env, ticks)
+        results = env.merge_requested(ticks)
         env.assert_delta_equals_source()
         for table, result in results.items():
             metadata = materialization(result, MIRROR_KEYS[table])
@@ -361,10 +312,10 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
 def ensure_incremental_merges(env: DagsterEnv) -> None:
     """Every table merged from the log, and merged incrementally at least once (the test above
     leaves it so; run alone, this does it)."""
-    sync(env, 20)
+    env.sync(20)
     if any(env.version(t) == 0 for t in TABLES):
         env.transactions(*ROUND_1, *ROUND_2)
-        sync(env, 25)
+        env.sync(25)
     assert all(env.version(t) >= 1 for t in TABLES)
 
 
@@ -426,7 +377,7 @@ def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: Da
     records nothing; a damaged table fails, the others pass; with no drain to pass its point it
     warns that it could not compare. ``cdc/verify`` drains and merges up to its point itself and
     records the drain, the merge and the verdict."""
-    sync(env, 40)
+    env.sync(40)
     lag_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "lag") for t in TABLES]
     parity_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "parity") for t in TABLES]
     versions = {t: env.version(t) for t in TABLES}
@@ -632,7 +583,7 @@ def history_view(row: dict[str, Any], before: str, after: str) -> dict[str, Any]
 
 @pytest.mark.slow
 def test_maintenance_compacts_a_table_beside_its_mirror_under_its_write_lock(env: DagsterEnv) -> None:
-    sync(env, 55)
+    env.sync(55)
     config = env.config()
     table = config.table(CUSTOMERS)
     key = maintenance_key(table)
@@ -732,7 +683,7 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
         pools = {f"cdc_drain__{QUEUE_SLOT}"} | {f"cdc_table__{t.replace('.', '__')}" for t in TABLES}
         for pool in pools:
             assert instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
-        env_transactions(pg, ROUND_1)
+        commit_each(pg, ROUND_1)
         runs = {
             "drain 1": submit(drain_job), "drain 2": submit(drain_job),
             "customers 1": submit(merge_jobs[CUSTOMERS]), "customers 2": submit(merge_jobs[CUSTOMERS]),
@@ -772,14 +723,6 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
         assert instance.run_coordinator.cancel_run(runs["customers 2"])
         for name in ("customers maintenance", "notes"):
             assert instance.run_coordinator.cancel_run(runs[name])
-
-
-def env_transactions(db: Database, transactions: list[list[str]]) -> None:
-    with db.connect() as conn:
-        for statements in transactions:
-            with conn.transaction():
-                for statement in statements:
-                    conn.execute(statement)
 
 
 def advisory_waiters(db: Database) -> int:

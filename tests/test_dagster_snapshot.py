@@ -6,20 +6,25 @@ the config shows its assets, merge job and backfill partition when the code loca
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from delta.tables import DeltaTable
 
 from cdc_assets.config import load_config
 from cdc_assets.pipeline.setup import setup
 from dagster_project.assets import SNAPSHOT_KEY, table_pool
-from dagster_project.demo.run import DAGSTER_YAML
-from tests.support.dagster_env import DDL, DSN_VARIABLE, TABLES, DagsterEnv, load_code_location, write_dagster_config
+from tests.support.dagster_env import (
+    DDL,
+    DEMO_INSTANCE,
+    DSN_VARIABLE,
+    TABLES,
+    DagsterEnv,
+    load_code_location,
+    write_dagster_config,
+)
 from tests.support.database import Database
 from tests.support.rows import difference
 
@@ -35,24 +40,13 @@ def env(pg_module: Database, spark: Any, tmp_path_factory: pytest.TempPathFactor
         with pg_module.connect() as conn:
             conn.execute(DDL)
         setup(load_config(write_dagster_config(folder), environ={DSN_VARIABLE: pg_module.dsn}))
-        with dg.instance_for_test(overrides=yaml.safe_load(DAGSTER_YAML)) as instance:
+        with dg.instance_for_test(overrides=DEMO_INSTANCE) as instance:
             yield DagsterEnv(pg_module, folder, instance)
-
-
-def sync(env: DagsterEnv, minute: int) -> set[str]:
-    """A scheduled drain, then the merges the sensors request; the tables merged."""
-    env.run_schedule(datetime(2026, 1, 5, 12, minute, tzinfo=UTC))
-    merged = set()
-    for table, tick in env.evaluate_sensors().items():
-        for request in tick.run_requests:
-            env.execute_request(tick, request)
-            merged.add(table)
-    return merged
 
 
 @pytest.mark.slow
 def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEnv, spark: Any) -> None:
-    assert sync(env, 0) == set(TABLES)
+    assert set(env.sync(0)) == set(TABLES)
     DeltaTable.forPath(spark, env.path(CUSTOMERS)).delete("id = 1")
     DeltaTable.forPath(spark, env.path(CUSTOMERS)).update("id = 2", {"name": "'damaged'"})
     assert difference(env.delta_rows(CUSTOMERS), env.source_rows(CUSTOMERS)), "the damage is not visible"
@@ -68,7 +62,7 @@ def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEn
     assert env.applied(CUSTOMERS) == applied[CUSTOMERS]  # the copy itself writes no Delta table
 
     env.transactions(["UPDATE public.orders SET amount = amount + 1 WHERE id = 1"])
-    assert sync(env, 5) == {CUSTOMERS, ORDERS}  # the copy makes customers due; orders has a change
+    assert set(env.sync(5)) == {CUSTOMERS, ORDERS}  # the copy makes customers due; orders has a change
     env.assert_delta_equals_source()
     assert all((env.applied(t) or 0) > (applied[t] or 0) for t in (CUSTOMERS, ORDERS))
     # The copy takes no table's pool: the table's merges (and every other) are not held up by it.

@@ -15,8 +15,20 @@ import pytest
 
 from cdc_assets.apply.session import is_connect
 from cdc_assets.lsn import format_lsn
-from tests.support.dagster_env import DSN_VARIABLE, ROOT, DagsterEnv, create_source
+from tests.support.dagster_env import (
+    DEMO_INSTANCE,
+    DSN_VARIABLE,
+    MIRROR_KEYS,
+    ROOT,
+    DagsterEnv,
+    create_source,
+    materialization,
+    requested,
+    tick_time,
+)
+from tests.support.dagster_rounds import ROUND_1
 from tests.support.database import Database
+from tests.support.differential import SMALL_OPS, SMALL_SEEDS, SeedResult, run_seed
 from tests.support.spark_server import (  # the fixtures: used by name
     CONNECT_MODE,
     RunningServer,
@@ -24,16 +36,6 @@ from tests.support.spark_server import (  # the fixtures: used by name
     connect_session,
     listening,
     start_server,
-)
-from tests.test_apply_differential import BUCKET_OPS, BUCKET_SEEDS, SeedResult, run_seed
-from tests.test_dagster import (
-    DEMO_INSTANCE,
-    MIRROR_KEYS,
-    ROUND_1,
-    materialization,
-    merge_requested,
-    requested,
-    tick_time,
 )
 
 pytestmark = pytest.mark.slow
@@ -90,12 +92,12 @@ def test_differential_over_spark_connect(pg: Database, connect_server: RunningSe
         session = connect_session(connect_server)
         assert is_connect(session)
         try:
-            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=BUCKET_OPS, remote=connect_server.address)
+            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=SMALL_OPS, remote=connect_server.address)
         finally:
             session.stop()
 
-    with ThreadPoolExecutor(len(BUCKET_SEEDS), thread_name_prefix="seed") as pool:
-        results = list(pool.map(one, BUCKET_SEEDS))
+    with ThreadPoolExecutor(len(SMALL_SEEDS), thread_name_prefix="seed") as pool:
+        results = list(pool.map(one, SMALL_SEEDS))
     assert not [p for r in results for p in r.problems], "\n\n".join(p for r in results for p in r.problems)
     assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
     writes = {w for r in results for w, n in r.writes.items() if n}
@@ -119,7 +121,7 @@ def test_dagster_sensor_merge_runs_over_spark_connect(
             env.run_schedule(tick_time(minute))
             ticks = env.evaluate_sensors()
             assert requested(ticks), {t: tick.skip_message for t, tick in ticks.items()}
-            results = merge_requested(env, ticks)
+            results = env.merge_requested(ticks)
             env.assert_delta_equals_source()
             for table, result in results.items():
                 metadata = materialization(result, MIRROR_KEYS[table])

@@ -16,11 +16,13 @@ from dagster_project.assets import (
     build_snapshot_asset,
 )
 from dagster_project.automation import (
+    DRAIN_JOB,
+    POINT_JOB,
+    automation_job,
     build_consistent_point_sensor,
-    build_drain_job,
     build_drain_schedule,
     build_drain_sensor,
-    build_point_job,
+    drain_run_tags,
 )
 from dagster_project.checks import (
     build_held_wal_check,
@@ -33,6 +35,7 @@ from dagster_project.maintenance import build_maintenance_asset, build_maintenan
 from dagster_project.merge_sensor import build_merge_sensor
 from dagster_project.recover import build_recover_job
 from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.run_tags import POINT_TAG
 from dagster_project.settings import Settings
 from dagster_project.verify import build_verify_asset
 
@@ -48,12 +51,14 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
     maintenance = build_maintenance_asset(settings)
     lag = config.schedule.drain_lag_bytes
-    point = (
-        build_consistent_point_asset(settings, list(mirrors.values())) if config.warehouse.consistent_points else None
+    points = (
+        [build_consistent_point_asset(settings, list(mirrors.values()))] if config.warehouse.consistent_points else []
     )
-    drain = build_drain_job(settings, changelog)
-    drain_sensors = [] if lag is None else [build_drain_sensor(settings, drain, lag)]
-    points = [] if point is None else [point]
+    # The jobs that the drain schedule and sensor and the point's sensor launch by name (the merge
+    # sensor and the maintenance schedule hold their own jobs).
+    jobs = [automation_job(DRAIN_JOB, [changelog], tags=drain_run_tags(settings))]
+    if points:
+        jobs.append(automation_job(POINT_JOB, points, tags={POINT_TAG: config.source.slot}))
     return dg.Definitions(
         assets=[
             changelog,
@@ -75,15 +80,15 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             ),
         ],
         schedules=[
-            build_drain_schedule(settings, drain),
+            build_drain_schedule(settings),
             build_maintenance_schedule(settings, maintenance),
         ],
         sensors=[
-            *drain_sensors,
-            *(build_consistent_point_sensor(settings, build_point_job(settings, p)) for p in points),
+            *([] if lag is None else [build_drain_sensor(settings, lag)]),
+            *([build_consistent_point_sensor(settings)] if points else []),
             build_merge_sensor(settings, mirrors),
         ],
-        jobs=[build_recover_job(settings)],
+        jobs=[*jobs, build_recover_job(settings)],
         executor=dg.multiprocess_executor.configured({"max_concurrent": config.schedule.run_max_concurrent}),
         resources={
             "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),

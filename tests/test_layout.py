@@ -2,7 +2,7 @@
 importing only the stages below it, with no circle of imports — every import of every module read
 from its source, those inside functions and ``TYPE_CHECKING`` blocks too; ``cdc_assets``
 imports neither Dagster, nor the Dagster code location, nor the throwaway servers of the demo and
-the tests; and no test module imports another."""
+the tests; the code imports Dagster's public API only; and no test module imports another."""
 
 from __future__ import annotations
 
@@ -258,6 +258,25 @@ def test_the_pgoutput_protocol_is_spelled_in_one_module() -> None:
             if id(node) not in formatted and spelled(node, path):
                 found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}: {ast.unparse(node)}")
     assert not found, "spell these through cdc_assets/pgoutput/protocol.py:\n" + "\n".join(found)
+
+
+def test_only_dagsters_public_api_is_imported() -> None:
+    """No module of ``cdc_assets`` or ``dagster_project`` imports a private module of Dagster
+    (``dagster._…``, or of a ``dagster_*`` library): they change without notice between releases."""
+
+    def private(name: str) -> bool:
+        top, *rest = name.split(".")
+        dagsters = top == "dagster" or (top.startswith("dagster_") and top not in PACKAGES)
+        return dagsters and any(part.startswith("_") and not part.startswith("__") for part in rest)
+
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, name in absolute_imports(path)
+        if private(name)
+    ]
+    assert not found, "Dagster's private modules:\n" + "\n".join(found)
 
 
 def test_no_test_module_imports_another_test_module() -> None:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import dagster as dg
 
-from cdc_assets.changelog.checkpoint import read_checkpoint
-from cdc_assets.changelog.store import changelog_store
 from dagster_project.assets import (
     build_changelog_asset,
     build_history_asset,
@@ -44,10 +40,11 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     """The drain asset, its held-WAL (and standby) checks and its schedule; per table a mirror asset
     (and its merge job, which the one merge sensor launches), a maintenance asset, a history asset
     and checks; one maintenance step and schedule for every table; the consistent point and its
-    sensor; the snapshot, rebuild and verify assets; the recover job; the resources."""
+    sensor; the snapshot, rebuild and verify assets; the recover job; the resources. It reads the
+    configuration file only: every look at the change log, the warehouse or the source waits for a
+    sensor's tick or a run."""
     config = settings.config
     changelog = build_changelog_asset(settings)
-    start = _history_start(settings)
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
     maintenance = build_maintenance_asset(settings)
     lag = config.schedule.drain_lag_bytes
@@ -68,7 +65,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             *mirrors.values(),
             *points,
             maintenance,
-            *(build_history_asset(settings, table, start) for table in config.tables),
+            *(build_history_asset(settings, table) for table in config.tables),
         ],
         asset_checks=[
             build_held_wal_check(settings),
@@ -100,14 +97,3 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             ),
         },
     )
-
-
-def _history_start(settings: Settings) -> datetime:
-    """The day of the initial snapshot (history partitions start there); today before setup."""
-    checkpoint = read_checkpoint(changelog_store(settings.config))
-    moment = (
-        datetime.fromtimestamp(checkpoint.snapshot_time_us / 1e6, tz=UTC)
-        if checkpoint and checkpoint.snapshot_time_us
-        else datetime.now(UTC)
-    )
-    return moment.replace(hour=0, minute=0, second=0, microsecond=0)

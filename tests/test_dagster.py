@@ -11,11 +11,14 @@ their own database and instance.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, time, timedelta
@@ -45,13 +48,7 @@ from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source import DrainLock
 from cdc_assets.source.lock import TableWriteLock
-from dagster_project.assets import (
-    CHANGELOG_KEY,
-    REBUILD_KEY,
-    build_history_asset,
-    history_key,
-    history_path,
-)
+from dagster_project.assets import CHANGELOG_KEY, HISTORY_START, REBUILD_KEY, history_key, history_path
 from dagster_project.consistent import POINT_KEY
 from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
@@ -219,6 +216,44 @@ def test_code_location_loads_with_dg_and_lists_its_definitions(tmp_path: Path, m
     with pytest.raises(ConfigError, match="must be an environment variable reference") as refusal:
         load_code_location()
     assert "Sup3r-S3cret" not in str(refusal.value)
+
+
+def test_loading_the_code_location_reads_no_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The change log and the warehouse in a bucket whose S3 endpoint accepts connections and closes
+    them at once (any read fails): the code location loads, and nothing connected to the endpoint."""
+    connections: list[str] = []
+    with socket.create_server(("127.0.0.1", 0)) as endpoint:
+
+        def refuse() -> None:
+            with contextlib.suppress(OSError):  # the listener shut down: the test is over
+                while True:
+                    conn, peer = endpoint.accept()
+                    connections.append(f"{peer[0]}:{peer[1]}")
+                    conn.close()
+
+        refuser = threading.Thread(target=refuse, daemon=True)
+        refuser.start()
+        storage = {
+            "endpoint": f"http://127.0.0.1:{endpoint.getsockname()[1]}",
+            "access_key_id": "k",
+            "secret_access_key": "s",
+        }
+        config = write_dagster_config(
+            tmp_path,
+            changelog={"path": "s3://nowhere/changelog"},
+            warehouse={"path": "s3://nowhere/warehouse"},
+            storage=storage,
+        )
+        monkeypatch.setenv("CDC_CONFIG", str(config))
+        monkeypatch.setenv(DSN_VARIABLE, SECRET_DSN)
+        defs = load_code_location()
+        dg.Definitions.validate_loadable(defs)
+        RepositorySnap.from_def(defs.get_repository_def())  # what the code server sends the UI
+        endpoint.shutdown(socket.SHUT_RDWR)  # ends the accept() it waits in
+        refuser.join(timeout=10)
+    assert not refuser.is_alive()
+    assert not connections, f"loading the code location reached the storage: {connections}"
+    assert {s.name for s in defs.sensors} == expected_keys()["sensors"]
 
 
 # -- 2. schedule-driven drains, sensor-driven merges -----------------------------------------------
@@ -508,28 +543,23 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     assert [r["_cdc_commit_time"] for r in log[last]] == [at(last, 9, 15)] * 2
     assert empty not in log and today in log  # three commit days with changes, one day without
 
-    # The code location's history partitions: daily (UTC) from the day of the initial snapshot.
-    # These commits carry earlier (upstream) commit days, so the asset is built by the same factory
-    # with its partitions starting at the first of them.
+    # The code location's history partitions: daily (UTC) from a fixed first day (loading the code
+    # location reads no change log), so they hold these earlier (upstream) commit days too.
     settings = load_settings(str(env.config_path))
-    snapshot_day = datetime.fromtimestamp(
-        ChangeLogReader(settings.config.changelog.path).checkpoint().snapshot_time_us / 1e6, UTC
-    ).date()
-    located = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES))).partitions_def
+    history = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES)))
+    located = history.partitions_def
     assert isinstance(located, dg.DailyPartitionsDefinition)
-    assert located.start.date() == snapshot_day and str(located.timezone) == "UTC"
-    history = build_history_asset(settings, settings.config.table(NOTES), at(first, 0))
+    assert located.start.date().isoformat() == HISTORY_START and str(located.timezone) == "UTC"
     days = [first, empty, last]
-    assert history.partitions_def.get_partition_keys()[:3] == [d.isoformat() for d in days]
+    keys = located.get_partition_keys()
+    assert keys[0] == HISTORY_START and keys[-3:] == [d.isoformat() for d in days]  # up to yesterday
 
     def backfill() -> dict[date, int]:
         written = {}
         for day in days:
-            result = dg.materialize(
-                [history],
+            result = env.execute(
+                dg.AssetSelection.assets(history.key),
                 partition_key=day.isoformat(),
-                instance=env.instance,
-                resources=env.defs.resources,
                 tags={"dagster/backfill": "history"},
             )
             metadata = materialization(result, history.key)

@@ -5,12 +5,14 @@ sensor's merge run with ``spark.remote``."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dagster as dg
+import psutil
 import pytest
 
 from cdc_assets.apply.session import is_connect
@@ -29,8 +31,10 @@ from tests.support.dagster_env import (
 from tests.support.dagster_rounds import ROUND_1
 from tests.support.database import Database
 from tests.support.differential import SMALL_OPS, SMALL_SEEDS, SeedResult, run_seed
+from tests.support.pipeline import wait_until
 from tests.support.spark_server import (  # the fixtures: used by name
     CONNECT_MODE,
+    STOP_TIMEOUT_S,
     RunningServer,
     classic_mode_restored,  # noqa: F401
     connect_session,
@@ -55,6 +59,29 @@ def test_spark_server_prints_its_address_and_stops_on_sigterm(tmp_path: Path) ->
     assert server.stop() == 0, server.lines
     assert not listening(server.port)
     assert server.lines[-1] == "stopped", server.lines
+
+
+def test_the_server_dies_with_its_command_when_that_is_killed(tmp_path: Path) -> None:
+    """SIGKILL the ``cdc-assets spark-server`` command (no clean-up of its own can run): its JVM, in
+    a session of its own, stops too — the port free, the process gone — rather than living on."""
+    server = start_server(tmp_path)
+    [jvm] = psutil.Process(server.process.pid).children()
+    try:
+        assert jvm.is_running() and listening(server.port)
+        server.process.kill()
+        assert server.process.wait(STOP_TIMEOUT_S) == -signal.SIGKILL
+        wait_until(lambda: not listening(server.port) and gone(jvm), STOP_TIMEOUT_S, "the server's JVM to stop")
+    finally:
+        if not gone(jvm):
+            jvm.kill()
+
+
+def gone(process: psutil.Process) -> bool:
+    """Ended (a zombie no one reaped has ended too)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_a_process_with_a_connect_session_exits_at_once_after_its_server_stopped(tmp_path: Path) -> None:

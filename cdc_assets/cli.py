@@ -379,22 +379,27 @@ def _maintain(args: argparse.Namespace, config: Config | None = None, spark: Spa
 
 def _sync(args: argparse.Namespace) -> int:
     from cdc_assets.apply.follower import MergeFollower
+    from cdc_assets.pipeline.held_copies import HeldTableCopier, drain_with_copies
 
     config = _config(args)
     follow = config.drain.follow_seconds if args.follow is None else args.follow
+    copied = lambda done: print(f"copied again {done.summary()}", flush=True)  # noqa: E731
     if follow > 0:  # merge after each durable batch while the drain follows
         spark = _spark(config)
-        with MergeFollower(
-            config,
-            spark,
-            lambda applied: print(applied.summary(), flush=True),
-            lambda point: print(f"consistent point {point.summary()}", flush=True),
-            lambda compacted: print(f"compacted {compacted.summary()}", flush=True),
-        ) as merges:
-            _drain(args, config, on_batch=lambda _: merges.batch_durable())
+        with (
+            MergeFollower(
+                config,
+                spark,
+                lambda applied: print(applied.summary(), flush=True),
+                lambda point: print(f"consistent point {point.summary()}", flush=True),
+                lambda compacted: print(f"compacted {compacted.summary()}", flush=True),
+            ) as merges,
+            HeldTableCopier(config, copied) as copies,
+        ):
+            _drain(args, config, on_batch=lambda _: (merges.batch_durable(), copies.batch_durable()))
         spark = merges.spark
     else:
-        _drain(args, config)
+        drain_with_copies(config, lambda: _drain(args, config), copied)
         spark = _spark(config)
     _apply(args, config, spark)
     return _maintain(args, config, spark) if args.maintain else 0

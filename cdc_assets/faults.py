@@ -26,7 +26,7 @@ POINTS: dict[str, str] = {
     "copy-announced": "the announcement committed",
     # the apply
     "apply-create": "a Delta table created (its first commit)",
-    "apply-evolve": "one schema change of a Delta table committed (a column added, dropped or retyped, the source types)",
+    "apply-evolve": "one schema change of a Delta table committed (a column added, dropped, renamed or retyped, a default filled, the source types or attnums recorded)",
     "apply-commit": "a data commit (MERGE, INSERT, INSERT OVERWRITE) recording its applied LSN",
     "apply-register": "a mirror registered in warehouse.catalog",
     "consistent-point": "a consistent point appended to the points table",

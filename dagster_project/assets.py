@@ -110,7 +110,7 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             context.log.info(applied.summary())
             table = config.table(applied.table)
             key = mirror_key(table)
-            metadata = table_metadata(applied, mirror_row_count(session, config, table))
+            metadata = table_metadata(applied, mirror_metadata(session, config, table))
             context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
             try:
                 context.log_event(lag_evaluation(config, table, key))
@@ -221,12 +221,13 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
         with TableWriteLock(config.source, name):  # the table's maintenance waits, or this waits for it
             result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
         context.log.info(result.summary())
-        return dg.MaterializeResult(metadata=table_metadata(result, mirror_row_count(session, config, table)))
+        return dg.MaterializeResult(metadata=table_metadata(result, mirror_metadata(session, config, table)))
 
     return mirror
 
 
-def table_metadata(result: TableApplied, rows: int | None) -> dict[str, dg.MetadataValue]:
+def table_metadata(result: TableApplied, mirror: dict[str, dg.MetadataValue]) -> dict[str, dg.MetadataValue]:
+    """A merge's metadata; ``mirror``: the table's own (:func:`mirror_metadata`)."""
     metadata: dict[str, dg.MetadataValue] = {
         "inserted": dg.MetadataValue.int(result.inserted),
         "updated": dg.MetadataValue.int(result.updated),
@@ -239,20 +240,28 @@ def table_metadata(result: TableApplied, rows: int | None) -> dict[str, dg.Metad
         "write": dg.MetadataValue.text(result.write or "none"),
         "dagster/uri": dg.MetadataValue.path(result.path),
     }
-    if rows is not None:
-        metadata["dagster/row_count"] = dg.MetadataValue.int(rows)
+    if result.columns:
+        metadata["schema_change"] = dg.MetadataValue.text(result.columns)
     if result.skipped:
         metadata["skipped"] = dg.MetadataValue.text(result.skipped)
-    return metadata
+    return metadata | mirror
 
 
-def mirror_row_count(session: object, config: Config, table: TableConfig) -> int | None:
-    """The Delta table's rows: from its files' statistics (delta-rs, no Spark job), else counted."""
+def mirror_metadata(session: object, config: Config, table: TableConfig) -> dict[str, dg.MetadataValue]:
+    """The Delta table's rows — from its files' statistics (delta-rs, no Spark job), else counted —
+    and its columns (``dagster/column_schema``, the metadata columns included); nothing before it
+    exists."""
     target = delta_target(config, table, session)  # type: ignore[arg-type]
     if not target.exists():
-        return None
+        return {}
     rows = table_files(target.path, target.storage_options).rows
-    return rows if rows is not None else target.read().count()
+    columns = dg.TableSchema(
+        columns=[dg.TableColumn(f.name, f.dataType.simpleString()) for f in target.spark_schema().fields]
+    )
+    return {
+        "dagster/row_count": dg.MetadataValue.int(rows if rows is not None else target.read().count()),
+        "dagster/column_schema": dg.MetadataValue.table_schema(columns),
+    }
 
 
 def table_partitions(settings: Settings) -> dg.StaticPartitionsDefinition:
@@ -323,7 +332,7 @@ def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
         session = spark.session()
         result = rebuild_table(config, table, session)
         context.log.info(f"rebuilt {result.summary()}")
-        metadata = table_metadata(result, mirror_row_count(session, config, table))
+        metadata = table_metadata(result, mirror_metadata(session, config, table))
         context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata={**metadata, "rebuilt": True}))
         return dg.MaterializeResult(metadata=metadata)
 

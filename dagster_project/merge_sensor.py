@@ -35,12 +35,14 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.names import TableName
-from dagster_project.assets import mirror_key, table_slug
+from dagster_project.assets import SNAPSHOT_KEY, mirror_key, table_slug
 from dagster_project.automation import IN_FLIGHT, automation_job, idle_confirm_seconds, merge_selection
 from dagster_project.run_tags import MERGES_TAG, TABLE_TAG
 from dagster_project.settings import Settings
 
 MERGE_SENSOR = "cdc_merges"
+COPY_JOB = "cdc_copy_held"
+"""Copies a table that a DDL rewrote (its partition of ``cdc/snapshot``), requested by the merge sensor."""
 NAMES_SHOWN = 10
 """A skip message names at most this many tables per reason (a tick's message is stored)."""
 
@@ -68,11 +70,12 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
         )
         for t in config.tables
     }
+    copy_job = automation_job(COPY_JOB, [SNAPSHOT_KEY])
     every_s = idle_confirm_seconds(config)
 
     @dg.sensor(
         name=MERGE_SENSOR,
-        jobs=list(jobs.values()),
+        jobs=[*jobs.values(), copy_job],
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
@@ -96,8 +99,12 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
             if state is None:
                 verdicts.append(Verdict(name, reason="the change log holds nothing for it yet"))
                 continue
+            if state.awaiting_copy is not None and state.copy_reason is not None:  # rewritten: copied again
+                key = f"{name}@copy:{state.awaiting_copy}"  # once per hold: Dagster skips a run key it launched
+                verdicts.append(Verdict(name, dg.RunRequest(run_key=key, job_name=COPY_JOB, partition_key=name)))
+                continue
             if state.awaiting_copy is not None:
-                verdicts.append(Verdict(name, reason=awaiting_copy_reason(state.awaiting_copy)))
+                verdicts.append(Verdict(name, reason=awaiting_copy_reason(state)))
                 continue
             applied = table_applied_lsn(config, table)
             before = requested.get(name, -1)

@@ -16,7 +16,7 @@ from dagster_project.assets import (
     CHANGELOG_KEY,
     drain_metadata,
     mirror_key,
-    mirror_row_count,
+    mirror_metadata,
     table_metadata,
     table_partitions,
 )
@@ -47,7 +47,7 @@ def build_verify_asset(settings: Settings) -> dg.AssetsDefinition:
         session = spark.session()
         done = verify_table(config, table, session)
         context.log_event(dg.AssetMaterialization(asset_key=CHANGELOG_KEY, metadata=drain_metadata(done.drained)))
-        applied = table_metadata(done.applied, mirror_row_count(session, config, table))
+        applied = table_metadata(done.applied, mirror_metadata(session, config, table))
         context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata=applied))
         verdict = parity_result(done.parity)
         context.log_event(

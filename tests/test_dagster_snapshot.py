@@ -16,6 +16,7 @@ from delta.tables import DeltaTable
 from cdc_assets.config import load_config
 from cdc_assets.pipeline.setup import setup
 from dagster_project.assets import SNAPSHOT_KEY, table_pool
+from dagster_project.merge_sensor import COPY_JOB
 from tests.support.dagster_env import (
     DDL,
     DEMO_INSTANCE,
@@ -23,6 +24,7 @@ from tests.support.dagster_env import (
     TABLES,
     DagsterEnv,
     load_code_location,
+    tick_time,
     write_dagster_config,
 )
 from tests.support.database import Database
@@ -67,6 +69,44 @@ def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEn
     assert all((env.applied(t) or 0) > (applied[t] or 0) for t in (CUSTOMERS, ORDERS))
     # The copy takes no table's pool: the table's merges (and every other) are not held up by it.
     assert env.defs.resolve_assets_def(SNAPSHOT_KEY).op.pool not in {table_pool(t) for t in env.config().tables}
+
+
+@pytest.mark.slow
+def test_a_migration_moves_the_mirror_and_a_rewrite_is_copied_by_the_sensor(env: DagsterEnv) -> None:
+    """A rename and an ADD COLUMN … DEFAULT reach the mirror through the merge the sensor requests,
+    recorded on its materialization (what changed, ``dagster/column_schema``); a rewrite holds the
+    table, and the sensor requests its copy (``cdc_copy_held``, once), after which its merge makes it
+    equal to its source (docs/architecture.md, "Schema migrations")."""
+    env.sync(10)
+    env.transactions(
+        ["ALTER TABLE public.customers RENAME COLUMN tier TO level"],
+        ["ALTER TABLE public.customers ADD COLUMN points int DEFAULT 100"],
+        ["UPDATE public.customers SET points = 5 WHERE id = 1"],
+    )
+    env.run_schedule(tick_time(15))
+    (request,) = env.evaluate_sensors()[CUSTOMERS].run_requests
+    result = env.execute_request(env.evaluate_sensors(fresh=True)[CUSTOMERS], request)
+    (event,) = [
+        e
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey(["delta", "public", "customers"])
+    ]
+    metadata = {k: v.value for k, v in event.materialization.metadata.items()}
+    assert metadata["schema_change"] == "renamed tier to level, added points (its default in every row)", metadata
+    columns = [c.name for c in metadata["dagster/column_schema"].columns]
+    assert columns[:5] == ["id", "name", "level", "since", "points"], columns
+    env.assert_delta_equals_source([CUSTOMERS])
+
+    env.transactions(["ALTER TABLE public.notes ALTER COLUMN stars TYPE bigint USING stars * 10"])
+    env.run_schedule(tick_time(20))
+    tick = env.evaluate_sensors()[NOTES]
+    (copy,) = tick.run_requests
+    assert copy.job_name == COPY_JOB and copy.partition_key == NOTES, copy
+    env.execute_request(tick, copy)
+    (again,) = env.evaluate_sensors()[NOTES].run_requests  # until the drain passes the copy: the same run key,
+    assert again.run_key == copy.run_key  # which the daemon does not launch twice
+    assert NOTES in env.sync(25)  # the drain records the copy: the table is due, and merged
+    env.assert_delta_equals_source([NOTES])
 
 
 def test_a_table_added_to_the_config_appears_on_reload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

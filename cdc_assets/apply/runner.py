@@ -21,10 +21,11 @@ from threading import Lock
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.catalog import register_mirror
+from cdc_assets.apply.column_moves import CarriedRange, carry_range, record_copy_columns, start_names
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.session import is_connect, table_session
 from cdc_assets.apply.target import DeltaTarget, app_id, is_delta_conflict
-from cdc_assets.changelog.checkpoint import awaiting_copy_reason
+from cdc_assets.changelog.checkpoint import TableState, awaiting_copy_reason
 from cdc_assets.changelog.planner import fill_from_history, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
@@ -52,6 +53,7 @@ class TableApplied:
     delta_version: int | None = None
     data_files: int | None = None  # the table's data files after the commit
     skipped: str | None = None
+    columns: str = ""  # what the source's schema changes did to the table's columns (ColumnsMoved.describe)
     elapsed_s: float = 0.0
 
     def summary(self) -> str:
@@ -60,7 +62,7 @@ class TableApplied:
         return (
             f"{self.table}: {self.records:,} change records → {self.inserted:,} inserted, {self.updated:,} updated,"
             f" {self.deleted:,} deleted{f' by {self.write}' if self.write else ''}; applied LSN {_lsn(self.applied_lsn)}, Delta version {self.delta_version}"
-            f" ({self.elapsed_s:.1f} s)"
+            f" ({self.elapsed_s:.1f} s){f'; columns: {self.columns}' if self.columns else ''}"
         )
 
 
@@ -195,32 +197,56 @@ def _apply_table(
         result.skipped = "not in the change log (not published, or set up before it was configured)"
         return result
     if state.awaiting_copy is not None:
-        result.skipped = awaiting_copy_reason(state.awaiting_copy)
+        result.skipped = awaiting_copy_reason(state)
         return result
     if applied is not None and applied >= lsn:
         result.skipped = "up to date"
         return result
     after = -1 if applied is None else applied
-    copied = applied is None or reader.due_snapshot_run(state, after, lsn) is not None
+    run = reader.due_snapshot_run(state, after, lsn)
+    copied = applied is None or run is not None
     nothing_new = not copied and state.last_change_lsn <= after  # then no segment is opened
     chunks = [] if nothing_new else list(reader.read_table(name, state, after, lsn))
-    if not chunks or (not copied and sum(c.records.num_rows for c in chunks) == 0):
+    ddls = reader.schema_changes_read(name, state, after, lsn)
+    if not ddls and (not chunks or (not copied and sum(c.records.num_rows for c in chunks) == 0)):
         result.skipped = "no changes"
         return result
-    target.check_column_types(name, chunks)
-    plan = plan_changes(chunks, state.relation, truncate=table.truncate)
+    start = None if copied else start_names(target, after)
+    carried = carry_range(target, name, state.relation, chunks, ddls, start, after, lsn)
+    if carried.recopy is not None:
+        result.skipped = f"held for a copy of the table: {carried.recopy}"
+        return result
+    result.columns = carried.moved.describe()
+    if not copied and sum(c.records.num_rows for c in carried.chunks) == 0:  # schema changes alone
+        target.record_applied(lsn)
+        return _finished(result, target, started)
+    plan = plan_changes(carried.chunks, carried.relation, truncate=table.truncate)
     if table.row_filter and plan.has_unresolved:  # rows moving into the filter are not in Delta to fill from
-        history = list(reader.read_table(name, state, upto=lsn))
-        plan = fill_from_history(plan, plan_changes(history, state.relation, truncate=table.truncate))
+        history = _carried_history(reader, name, state, lsn)
+        plan = fill_from_history(plan, plan_changes(history.chunks, history.relation, truncate=table.truncate))
     counts = write_plan(target, plan, lsn, row_filter=table.row_filter)
+    if copied:
+        record_copy_columns(target, carried, lsn)
     result.records = plan.records
     result.inserted, result.updated, result.deleted = counts.inserted, counts.updated, counts.deleted
     result.write = counts.write
+    return _finished(result, target, started)
+
+
+def _finished(result: TableApplied, target: DeltaTarget, started: float) -> TableApplied:
     result.applied_lsn = target.applied_lsn()
     result.delta_version = target.version()
     result.data_files = target.data_files()
     result.elapsed_s = time.monotonic() - started
     return result
+
+
+def _carried_history(reader: ChangeLogReader, table: str, state: TableState, lsn: int) -> CarriedRange:
+    """The table's whole log from its copy, carried through its schema changes (not applied)."""
+    history = list(reader.read_table(table, state, upto=lsn))
+    return carry_range(
+        None, table, state.relation, history, reader.schema_changes_read(table, state, upto=lsn), None, -1, lsn
+    )
 
 
 def rebuild_table(
@@ -237,14 +263,17 @@ def rebuild_table(
     if checkpoint is None or state is None:
         raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog.path} holds nothing for it")
     if state.awaiting_copy is not None:
-        raise CdcError(f"cannot rebuild {name}: {awaiting_copy_reason(state.awaiting_copy)}")
+        raise CdcError(f"cannot rebuild {name}: {awaiting_copy_reason(state)}")
     target = delta_target(config, table, spark)
-    chunks = list(reader.read_table(name, state, upto=checkpoint.lsn))
-    target.check_column_types(name, chunks)
-    plan = plan_changes(chunks, state.relation, truncate=table.truncate)
+    history = _carried_history(reader, name, state, checkpoint.lsn)
+    if history.recopy is not None:
+        raise CdcError(f"cannot rebuild {name}: {history.recopy}; copy it again with `cdc-assets snapshot {name}`")
+    target.check_column_types(name, history.chunks)
+    plan = plan_changes(history.chunks, history.relation, truncate=table.truncate)
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")
     counts = write_plan(target, plan, checkpoint.lsn, row_filter=table.row_filter, rebuild=True)
+    record_copy_columns(target, history, checkpoint.lsn)
     fault_point("rebuild-commit")
     result = TableApplied(
         name,

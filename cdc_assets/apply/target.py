@@ -242,6 +242,28 @@ class DeltaTarget:
                 return
             lsn = before
 
+    def record_applied(self, lsn: int) -> None:
+        """Record ``lsn`` as the applied LSN in a commit without data: a range holding schema
+        changes of the table and none of its rows (a commit another writer made since this target
+        read the table fails it, as a data commit would)."""
+        table = self._table()
+        try:
+            table.create_write_transaction(
+                [],
+                mode="append",
+                schema=table.schema(),
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(self.app, lsn)], custom_metadata={"cdc_assets": "schema change"}
+                ),
+            )
+        except OSError as error:
+            raise StorageError(
+                f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
+            ) from None
+        finally:
+            self._wrote()
+        fault_point("apply-commit")
+
     def _table(self) -> RustDeltaTable:
         table = self.snapshot()
         if table is None:
@@ -392,7 +414,7 @@ DELTA_CONFLICTS = (
 def is_delta_conflict(error: BaseException) -> bool:
     """Whether ``error`` is a Delta commit that lost to a concurrent commit (classic or Connect)."""
     text = str(error)
-    return any(marker in text for marker in DELTA_CONFLICTS)
+    return isinstance(error, CommitFailedError) or any(marker in text for marker in DELTA_CONFLICTS)
 
 
 def delta_schema(columns: pa.Schema) -> T.StructType:

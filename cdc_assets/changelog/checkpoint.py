@@ -81,8 +81,9 @@ class Gap:
 class TableState:
     """What the log holds for one table: ``snapshot_run`` is its latest copy (an online snapshot
     run or a compacted base); ``folded`` says which of its changes retention removed;
-    ``awaiting_copy`` (a recovery's slot point) holds the table until a copy at or after it is
-    announced: its Delta table lacks the changes of the gap. ``last_ddl_lsn``: the end LSN of the
+    ``awaiting_copy`` (a recovery's slot point, or the end of a transaction that rewrote the table:
+    ``copy_reason`` says which) holds the table until a copy at or after it is announced: its
+    Delta table lacks the changes of the gap, or the rows of the rewrite. ``last_ddl_lsn``: the end LSN of the
     last transaction with a captured schema change of the table ("DDL in the stream"); schema
     changes alone do not move ``last_change_lsn``."""
 
@@ -93,17 +94,30 @@ class TableState:
     folded: Folded | None = None
     awaiting_copy: int | None = None
     last_ddl_lsn: int | None = None
+    copy_reason: str | None = None  # why it awaits a copy, when not a lost slot (a rewrite of the table)
+
+    @property
+    def last_lsn(self) -> int:
+        """The end LSN of the last transaction a mirror of the table must apply: its last change or
+        its last captured schema change."""
+        return max(self.last_change_lsn, self.last_ddl_lsn or -1)
 
     def held_by(self, applied: int | None) -> bool:
-        """Whether a Delta table whose applied LSN is ``applied`` holds every change logged for it."""
-        return applied is not None and self.last_change_lsn <= applied
+        """Whether a Delta table whose applied LSN is ``applied`` holds every change and schema
+        change logged for it."""
+        return applied is not None and self.last_lsn <= applied
 
 
-def awaiting_copy_reason(slot_point: int) -> str:
-    """Why a table held after a lost slot is not merged."""
+def awaiting_copy_reason(state: TableState) -> str:
+    """Why a table held until a copy is not merged."""
+    if state.copy_reason is not None:
+        return (
+            f"held until a copy after LSN {format_lsn(state.awaiting_copy or 0)} is drained: {state.copy_reason};"
+            " `cdc-assets sync` copies it (or `cdc-assets snapshot`)"
+        )
     return (
-        f"held until its copy after the lost slot (new slot at LSN {format_lsn(slot_point)}) is drained:"
-        " `cdc-assets recover` copies it"
+        f"held until its copy after the lost slot (new slot at LSN {format_lsn(state.awaiting_copy or 0)}) is"
+        " drained: `cdc-assets recover` copies it"
     )
 
 
@@ -162,6 +176,7 @@ class Checkpoint:
                     "folded": state.folded.to_json() if state.folded else None,
                     "awaiting_copy": state.awaiting_copy,
                     "last_ddl_lsn": state.last_ddl_lsn,
+                    "copy_reason": state.copy_reason,
                 }
                 for name, state in sorted(self.tables.items())
             },
@@ -199,6 +214,7 @@ class Checkpoint:
                     Folded.from_json(s["folded"]) if s.get("folded") else None,
                     s.get("awaiting_copy"),
                     s.get("last_ddl_lsn"),
+                    s.get("copy_reason"),
                 )
                 for name, s in data.get("tables", {}).items()
             },

@@ -27,6 +27,7 @@ from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.arrow import SPECIAL_TYPE, TRUNCATE_TYPE, record_schema
 from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn, Op, PlanAction
+from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.transactions.commit_table import COMMIT_FIELDS
 
 
@@ -35,13 +36,14 @@ def write_base(
     slot: str,
     table: str,
     chunks: Sequence[ChangeChunk],
+    relation: RelationSchema,
     lsn: int,
     commit_time_us: int,
     truncate: Literal["apply", "ignore"],
 ) -> str:
-    """Write ``table`` as of ``lsn`` — ``chunks`` are its records from its latest copy up to ``lsn``
-    — as a complete base beside the log; returns the base's name (for a ``SnapshotRunRef``)."""
-    relation = chunks[-1].relation  # the columns as of ``lsn``
+    """Write ``table`` as of ``lsn`` — ``chunks`` are its records from its latest copy up to ``lsn``,
+    in ``relation``'s columns (those as of ``lsn``) — as a complete base beside the log; returns the
+    base's name (for a ``SnapshotRunRef``)."""
     plan = plan_changes(chunks, relation, truncate=truncate)
     image = _table_image(plan, table).select([c.name for c in relation.columns])
     row_type = pa.struct(list(image.schema))

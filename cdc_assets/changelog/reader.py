@@ -158,6 +158,14 @@ class ChangeLogReader:
                 )
         return sorted(found, key=lambda d: (d.commit_lsn, d.position))
 
+    def schema_changes_read(
+        self, table: str, state: TableState, after: int = -1, upto: int | None = None
+    ) -> list[TableDdl]:
+        """The schema changes that :meth:`read_table` with the same bounds reads its records
+        through: those after the copy it starts from, if it starts from one."""
+        run = self.due_snapshot_run(state, after, upto)
+        return self.schema_changes(table, after if run is None else max(after, run.consistent_point), upto)
+
     def remove_stale(self) -> None:
         """Delete what no checkpoint covers: files of a batch that died before its checkpoint,
         prepared transactions already resolved, and temporary files of an interrupted replace.

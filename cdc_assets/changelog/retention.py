@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, awaiting_copy_reason, write_checkpoint
+from cdc_assets.changelog.column_lineage import carry_columns
 from cdc_assets.changelog.compacted_base import write_base
 from cdc_assets.changelog.layout import CHECKPOINT, COPY_BATCH, MESSAGES, TRANSACTIONS, SegmentName, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader, Segment
@@ -97,7 +98,7 @@ def needed_after(state: TableState, applied: int | None, checkpoint_lsn: int) ->
     run = state.snapshot_run
     if applied is None or (run is not None and applied < run.position):
         return run.consistent_point if run is not None else -1
-    return checkpoint_lsn if applied >= state.last_change_lsn else applied
+    return checkpoint_lsn if state.held_by(applied) else applied
 
 
 def retain(
@@ -116,7 +117,7 @@ def retain(
             continue
         if state.awaiting_copy is not None:  # its copy will replace what the log holds for it: not folded
             needs.append(state.awaiting_copy)
-            result.tables.append(TableRetention(str(table.name), skipped=awaiting_copy_reason(state.awaiting_copy)))
+            result.tables.append(TableRetention(str(table.name), skipped=awaiting_copy_reason(state)))
             continue
         needed = needed_after(state, applied.get(str(table.name)), checkpoint.lsn)
         needs.append(needed)
@@ -182,7 +183,17 @@ def _fold_table(
         return outcome, checkpoint  # later, with more of them
     else:
         chunks = list(reader.read_table(name, state, upto=lsn))
-        outcome.base = write_base(reader.store, checkpoint.slot, name, chunks, lsn, commit_time, table.truncate)
+        ddls = reader.schema_changes_read(name, state, upto=lsn)
+        relation = chunks[-1].relation  # the columns as of ``lsn``
+        if ddls:  # the records carried through the table's schema changes, by attnum
+            lineage = carry_columns(None, chunks, ddls, state.relation)
+            if lineage.recopy is not None or lineage.relation is None:
+                outcome.skipped = f"its schema changes cannot be folded: {lineage.recopy}"
+                return outcome, checkpoint
+            chunks, relation = lineage.chunks, lineage.relation
+        outcome.base = write_base(
+            reader.store, checkpoint.slot, name, chunks, relation, lsn, commit_time, table.truncate
+        )
         fault_point("retention-base")
         copy = SnapshotRunRef(outcome.base, lsn, lsn)
     folded = Folded(max(lsn, state.folded.lsn if state.folded else -1), commit_time)

@@ -20,6 +20,7 @@ from typing import Any
 
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.ddl_capture import DDL_FORMAT, DDL_PREFIX
 
 REWRITE_REASONS = {1: "persistence", 2: "default value", 4: "column type", 8: "access method"}
@@ -63,7 +64,9 @@ class SchemaChangeMessage:
     """One capture message: ``table`` (``relation_oid``) as ``command_tag`` left it, for the
     capture of ``slot`` (publication ``publication``). ``key``: the replica identity's columns by
     attnum (every column under ``REPLICA IDENTITY FULL``, none without a key); ``rewrite_reason``:
-    the ``table_rewrite`` reason bits when the command rewrote the table (None: not rewritten)."""
+    the ``table_rewrite`` reason bits when the command rewrote the table (None: not rewritten);
+    ``published``: the names of the columns the publication sends, in attnum order (None: a
+    message written before the capture said)."""
 
     slot: str
     publication: str
@@ -75,6 +78,7 @@ class SchemaChangeMessage:
     key: tuple[int, ...]
     rewrite_reason: int | None
     columns: tuple[DdlColumn, ...]
+    published: tuple[str, ...] | None = None
 
     @property
     def qualified_name(self) -> str:
@@ -111,6 +115,7 @@ class SchemaChangeMessage:
                 tuple(int(a) for a in data["key"]),
                 None if reason is None else int(reason),
                 tuple(DdlColumn.from_json(c) for c in data["columns"]),
+                None if data.get("published") is None else tuple(str(n) for n in data["published"]),
             )
         except (ValueError, KeyError, TypeError) as error:
             detail = f"no {error}" if isinstance(error, KeyError) else str(error)
@@ -137,3 +142,29 @@ def _flag(value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"expected true or false, got {value!r}")
     return value
+
+
+def uncertain_column_change(old: RelationSchema, new: RelationSchema) -> str | None:
+    """What the Relation messages alone cannot tell about a change of a table's columns from
+    ``old`` to ``new`` (None: nothing — columns dropped, or a type modifier changed): a new column
+    may have a default the rows from before read, a rename and a drop + add look alike, and a
+    changed type may hide a ``USING`` expression ("Schema migrations"). A column dropped and added
+    again under its name shows only where it was not the last column."""
+    before = {c.name: c for c in old.columns}
+    after = {c.name: c for c in new.columns}
+    added = [name for name in after if name not in before]
+    kept = [name for name in before if name in after]
+    # columns keep their attnum order: one found after a column that came after it was dropped and added again
+    rank = {name: i for i, name in enumerate(kept)}
+    order = [name for name in after if name in before]
+    moved = [name for i, name in enumerate(order) if any(rank[other] > rank[name] for other in order[:i])]
+    retyped = [name for name in kept if after[name].type_oid != before[name].type_oid]
+    parts = []
+    if added:
+        dropped = [name for name in before if name not in after]
+        parts.append(f"{', '.join(added)} added" + (f" and {', '.join(dropped)} dropped" if dropped else ""))
+    if moved:
+        parts.append(f"{', '.join(moved)} dropped and added again")
+    if retyped:
+        parts.append(f"{', '.join(retyped)} changed type")
+    return "; ".join(parts) or None

@@ -10,6 +10,7 @@ its checkpoint leaves only files the next drain deletes.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Required, TypedDict
 
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 from cdc_assets.changelog.checkpoint import Checkpoint, PreparedEntry, TableState
 from cdc_assets.changelog.encoding import from_storage, to_storage
 from cdc_assets.changelog.layout import MESSAGES, TRANSACTIONS, SegmentName, prepared_folder, table_folder
-from cdc_assets.changelog.schema_changes import SchemaChangeMessage
+from cdc_assets.changelog.schema_changes import SchemaChangeMessage, uncertain_column_change
 from cdc_assets.changelog.segment_file import (
     PARQUET_OPTIONS,
     RELATION_KEY,
@@ -31,11 +32,14 @@ from cdc_assets.changelog.segment_file import (
 from cdc_assets.changelog.snapshot_runs import SNAPSHOT_RUN_PREFIX, SnapshotRunAnnouncement, SnapshotRunRef
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.messages import LogicalDecodingMessage
 from cdc_assets.pgoutput.records import RecordColumn
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.source.ddl_capture import DDL_PREFIX
 from cdc_assets.transactions import CommitInfo, PreparedTransaction, TransactionalMessage, with_commit_columns
+
+log = logging.getLogger(__name__)
 
 TRANSACTION_SCHEMA = pa.schema(
     [
@@ -71,6 +75,18 @@ class _TableSegment:
     version: int
     relation: RelationSchema
     file: SegmentFile
+
+
+@dataclass(slots=True, frozen=True)
+class _ColumnChange:
+    """A new schema version of a table's records: from ``old`` to ``new`` columns, between its
+    change ending at ``after`` and the first one ending at ``first``."""
+
+    table: str
+    old: RelationSchema
+    new: RelationSchema
+    after: int
+    first: int
 
 
 @dataclass(slots=True)
@@ -113,6 +129,8 @@ class BatchWriter:
         self._transactions = _TransactionLog()
         self._encoder = RowGroupEncoder()
         self._messages: list[_MessageRow] = list(carried or [])
+        self._column_changes: list[_ColumnChange] = []  # new schema versions of the stream's records
+        self._schema_changes: dict[str, list[int]] = {}  # end LSNs of the batch's captured schema changes, per table
         self.carried: list[_MessageRow] = []
         """Non-transactional messages past the checkpoint :meth:`close` wrote: the next batch of the
         same replication session holds them (a new session receives them again)."""
@@ -121,9 +139,13 @@ class BatchWriter:
 
     def records(self, relation: RelationSchema, records: pa.RecordBatch) -> None:
         table = relation.qualified_name
+        before = self._tables.get(table)
         segment = self._segment(table, relation, records.schema)
         if not records.num_rows:
             return  # the segment exists now, with the table's schema (an empty table's snapshot)
+        if before is not None and segment.version != before.schema_version:
+            first = int(np.min(records.column(RecordColumn.END_LSN).to_numpy()))
+            self._column_changes.append(_ColumnChange(table, before.relation, relation, before.last_change_lsn, first))
         segment.file.add(records)
         last = int(np.max(records.column(RecordColumn.END_LSN).to_numpy()))
         state = self._tables[table]
@@ -194,6 +216,7 @@ class BatchWriter:
 
     def close(self, lsn: int) -> Checkpoint:
         """Finish every file durably; return the checkpoint that makes this batch valid."""
+        self._hold_uncertain_column_changes()
         for segment in self._segments.values():
             segment.file.flush()
         self._encoder.wait()
@@ -336,14 +359,52 @@ class BatchWriter:
             relation=run.relation if newer_columns else state.relation,
             snapshot_run=ref,
             awaiting_copy=awaiting if awaiting is not None and run.consistent_point < awaiting else None,
+            copy_reason=state.copy_reason if awaiting is not None and run.consistent_point < awaiting else None,
         )
 
     def _schema_change(self, change: SchemaChangeMessage, end_lsn: int) -> None:
         """Note a captured schema change of a table the log knows, by this log's slot's capture (another
-        installation's messages, and those of tables without a copy yet, stay in ``messages/`` only)."""
+        installation's messages, and those of tables without a copy yet, stay in ``messages/`` only).
+        A rewrite holds the table until a copy from the end of its transaction on is announced: the
+        stream never carries the rows a rewrite wrote ("Schema migrations")."""
         state = self._tables.get(change.qualified_name)
-        if change.slot == self.start.slot and state is not None:
-            self._tables[change.qualified_name] = replace(state, last_ddl_lsn=end_lsn)
+        if change.slot != self.start.slot or state is None:
+            return
+        state = replace(state, last_ddl_lsn=end_lsn)
+        self._schema_changes.setdefault(change.qualified_name, []).append(end_lsn)
+        if change.rewritten:
+            state = replace(
+                state,
+                awaiting_copy=max(end_lsn, state.awaiting_copy or -1),
+                copy_reason=f"{change.command_tag} rewrote it ({', '.join(change.rewrite_reasons())})"
+                f" in the transaction ending at LSN {format_lsn(end_lsn)}",
+            )
+        self._tables[change.qualified_name] = state
+
+    def _hold_uncertain_column_changes(self) -> None:
+        """Hold for a copy each table whose columns changed in a way the Relation messages cannot
+        tell for sure, with no captured schema change between its last change under the old columns
+        and its first under the new ones (no DDL capture, or DDL from before it): the copy starts
+        after the change instead of a guess ("Schema migrations")."""
+        for change in self._column_changes:
+            state = self.start.tables.get(change.table)
+            captured = [state.last_ddl_lsn if state and state.last_ddl_lsn else -1]
+            captured += self._schema_changes.get(change.table, [])
+            if any(change.after <= end <= change.first for end in captured):  # its transaction's, or between
+                continue
+            uncertain = uncertain_column_change(change.old, change.new)
+            if uncertain is None:
+                continue
+            reason = (
+                f"its columns changed ({uncertain}) with no captured schema change to tell how before the change"
+                f" ending at LSN {format_lsn(change.first)}; DDL capture (`source.ddl_capture`) applies such"
+                " changes in place"
+            )
+            log.warning("%s: held for a copy: %s", change.table, reason)
+            held = self._tables[change.table]
+            self._tables[change.table] = replace(
+                held, awaiting_copy=max(change.first, held.awaiting_copy or -1), copy_reason=reason
+            )
 
     def _take_prepared(self, gid: str, end_lsn: int) -> PreparedEntry:
         entry = self._prepared.pop(gid, None)

@@ -67,6 +67,7 @@ class DeltaColumn:
     KIND: Final = "_cdc_kind"
     COPY: Final = "_cdc_copy"
     FINAL: Final = "_cdc_final"
+    RENAMING: Final = "_cdc_renaming_"  # a column's name prefix between two renames (its new name still another's)
 
 
 class PlanAction:

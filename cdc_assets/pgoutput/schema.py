@@ -9,7 +9,7 @@ the checkpoint.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_assets.names import TableName
@@ -19,13 +19,15 @@ from cdc_assets.pgoutput.messages import RelationMessage
 @dataclass(slots=True, frozen=True)
 class ColumnSchema:
     """One published column: ``is_key`` is pgoutput's replica-identity flag, ``ndims`` the array
-    dimensions (0 for non-arrays)."""
+    dimensions (0 for non-arrays); ``attnum`` its number in ``pg_attribute`` where the catalog was
+    read (a copy's columns; a Relation message has none), which no schema version is told by."""
 
     name: str
     type_oid: int
     type_modifier: int
     is_key: bool
     ndims: int = 0
+    attnum: int | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,6 +90,7 @@ class RelationSchema:
                     "key": c.is_key,
                     "ndims": c.ndims,
                 }
+                | ({} if c.attnum is None else {"attnum": c.attnum})
                 for c in self.columns
             ],
         }
@@ -101,7 +104,12 @@ class RelationSchema:
             replica_identity=str(data["replica_identity"]),
             columns=tuple(
                 ColumnSchema(
-                    str(c["name"]), int(c["type_oid"]), int(c["type_modifier"]), bool(c["key"]), int(c["ndims"])
+                    str(c["name"]),
+                    int(c["type_oid"]),
+                    int(c["type_modifier"]),
+                    bool(c["key"]),
+                    int(c["ndims"]),
+                    None if c.get("attnum") is None else int(c["attnum"]),
                 )
                 for c in data["columns"]
             ),

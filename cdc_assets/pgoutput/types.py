@@ -53,6 +53,9 @@ BUILTIN_ARRAY_ELEMENTS: dict[int, int] = {
     6152: 4533, 6153: 4534, 6155: 4535, 6157: 4536,
 }  # fmt: skip
 
+FIRST_GENBKI_OID = 10000
+"""Types from this OID on are the database's own: pgoutput sends a Type message for them."""
+
 # pg_type.typtype values.
 CATEGORY_DOMAIN = "d"
 CATEGORY_ENUM = "e"

@@ -38,7 +38,10 @@ class TableStatus:
     delta_path: str | None = None
     snapshot_run: SnapshotRunRef | None = None  # the table's latest copy: online snapshot run or compacted base
     held: Hold | None = None  # segments past the retention kept because this table still needs them
-    awaiting_copy: int | None = None  # held after a lost slot until its copy from this LSN on is drained
+    awaiting_copy: int | None = (
+        None  # held (after a lost slot, or a rewrite) until its copy from this LSN on is drained
+    )
+    held_for_copy: str | None = None  # why, in words
 
     @property
     def behind(self) -> bool:
@@ -104,6 +107,7 @@ class Status:
                     "applied_lsn": _lsn(t.applied_lsn),
                     "behind": t.behind,
                     "awaiting_copy": _lsn(t.awaiting_copy),
+                    "held_for_copy": t.held_for_copy,
                     "delta_path": t.delta_path,
                     "held": (
                         {
@@ -168,8 +172,8 @@ class Status:
                     else ""
                 )
             )
-            if table.awaiting_copy is not None:
-                out.append(f"    {awaiting_copy_reason(table.awaiting_copy)}")
+            if table.held_for_copy is not None:
+                out.append(f"    {table.held_for_copy}")
             if table.held:
                 out.append(
                     f"    holds back the change log: {table.held.segments} segments, {table.held.bytes:,} bytes past"
@@ -210,13 +214,14 @@ def read_status(config: Config) -> Status:
         status.tables.append(
             TableStatus(
                 name,
-                state.last_change_lsn if state else None,
+                state.last_lsn if state else None,
                 state.schema_version if state else None,
                 applied,
                 path,
                 state.snapshot_run if state else None,
                 table_hold(config, reader, checkpoint, name, applied) if checkpoint else None,
                 state.awaiting_copy if state else None,
+                awaiting_copy_reason(state) if state and state.awaiting_copy is not None else None,
             )
         )
     return status

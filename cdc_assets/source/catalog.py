@@ -11,12 +11,10 @@ from cdc_assets.errors import PublicationMismatchError, TableMissingError
 from cdc_assets.names import TableName
 from cdc_assets.pgoutput.messages import RelationMessage
 from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
-from cdc_assets.pgoutput.types import PgTypeInfo, TypeCatalog
+from cdc_assets.pgoutput.types import FIRST_GENBKI_OID, PgTypeInfo, TypeCatalog
 from cdc_assets.source.connection import server_major
 from cdc_assets.source.failures import publication_missing_error
 from cdc_assets.source.publication import publication_exists
-
-FIRST_GENBKI_OID = 10000  # pgoutput sends a Type message for types from here on
 
 # pg_attribute.attndims is 0 for arrays declared without dimensions (CREATE TABLE AS, domains);
 # a domain's typndims holds its declared dimensions, and domains over arrays (at any depth) keep
@@ -36,7 +34,7 @@ WITH identity_key AS (
       AND CASE %(ident)s WHEN 'd' THEN i.indisprimary WHEN 'i' THEN i.indisreplident ELSE false END
 )
 SELECT a.attname::text, a.atttypid::int8, a.atttypmod, a.attgenerated <> '', {_NDIMS},
-       %(ident)s = 'f' OR a.attnum IN (SELECT attnum FROM identity_key)
+       %(ident)s = 'f' OR a.attnum IN (SELECT attnum FROM identity_key), a.attnum::int
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 WHERE a.attrelid = %(oid)s AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
@@ -93,8 +91,8 @@ def describe_table(conn: psycopg.Connection[Any], table: TableName, publication:
     attnames: list[str] | None = published[0]
     generated_published = server_major(conn) >= 18
     columns = tuple(
-        ColumnSchema(attname, type_oid, typmod, key, ndims)
-        for attname, type_oid, typmod, generated, ndims, key in conn.execute(
+        ColumnSchema(attname, type_oid, typmod, key, ndims, attnum)
+        for attname, type_oid, typmod, generated, ndims, key, attnum in conn.execute(
             _COLUMNS, {"oid": oid, "ident": ident}
         ).fetchall()
         if (attnames is None or attname in attnames) and (not generated or generated_published)

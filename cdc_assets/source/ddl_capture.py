@@ -230,6 +230,11 @@ BEGIN
     PERFORM pg_logical_emit_message(true, {prefix}, jsonb_build_object(
       'format', {format}, 'slot', {slot}, 'publication', {publication}, 'command_tag', TG_TAG,
       'relation_oid', r.oid::int8, 'schema', r.nspname, 'table', r.relname,
+      'published', (SELECT jsonb_agg(x.name ORDER BY a.attnum)
+        FROM pg_publication_tables p, jsonb_array_elements_text(to_jsonb(p) -> 'attnames') x(name)
+        JOIN pg_attribute a ON a.attrelid = r.oid AND a.attname = x.name
+        WHERE p.pubname = {publication} AND p.schemaname = r.nspname AND p.tablename = r.relname
+          AND (a.attgenerated = '' OR current_setting('server_version_num')::int >= 180000)),
       'replica_identity', r.relreplident, 'rewrite_reason', r.reason,
       'key', coalesce(CASE r.relreplident
         WHEN 'd' THEN (SELECT to_jsonb(i.indkey::int2[]) FROM pg_index i WHERE i.indrelid = r.oid AND i.indisprimary)

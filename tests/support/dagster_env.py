@@ -252,7 +252,9 @@ class DagsterEnv:
         tags = {**request.tags, "dagster/sensor_name": tick.sensor.name}
         if request.run_key:
             tags["dagster/run_key"] = request.run_key
-        result = job.execute_in_process(instance=self.instance, run_config=request.run_config, tags=tags)
+        result = job.execute_in_process(
+            instance=self.instance, run_config=request.run_config, tags=tags, partition_key=request.partition_key
+        )
         assert result.success
         return result
 

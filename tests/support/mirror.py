@@ -21,6 +21,7 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
 from cdc_assets.pgoutput.records import DeltaColumn
 from cdc_assets.pipeline.drain import DrainResult, drain
+from cdc_assets.pipeline.held_copies import drain_with_copies
 from cdc_assets.pipeline.setup import SetupResult, setup
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, write_config
 from tests.support.database import Database
@@ -99,7 +100,8 @@ class Mirror:
         return {r.table: r for r in results}
 
     def sync(self) -> dict[str, TableApplied]:
-        self.drain()
+        """What ``cdc-assets sync`` does: drain (copying the tables a DDL rewrote), then apply."""
+        drain_with_copies(self.config(), self.drain)
         return self.apply()
 
     def pending_plan(self, table: str) -> tuple[DeltaTarget, ChangePlan, int]:

@@ -9,7 +9,7 @@ Pools keep one drain per slot and one writer per Delta table at a time (set the 
 """
 
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import dagster as dg
 from dagster import AssetExecutionContext
@@ -339,13 +339,19 @@ def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
     return rebuild
 
 
-def build_history_asset(settings: Settings, table: TableConfig, start: datetime) -> dg.AssetsDefinition:
+HISTORY_START = "2026-01-01"
+"""The first day of every history asset's daily partitions: a fixed day, so that loading the code
+location reads nothing from the change log; no change log holds a commit of an earlier day but one
+replayed from upstream (its origin's commit time), and a day without changes is an empty partition."""
+
+
+def build_history_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefinition:
     name = str(table.name)
 
     @dg.asset(
         key=history_key(table),
         deps=[CHANGELOG_KEY],
-        partitions_def=dg.DailyPartitionsDefinition(start_date=start.strftime("%Y-%m-%d"), timezone="UTC"),
+        partitions_def=dg.DailyPartitionsDefinition(start_date=HISTORY_START, timezone="UTC"),
         group_name="history",
         pool=f"cdc_history__{table_slug(table)}",
         kinds={"delta", "spark"},

@@ -14,15 +14,16 @@ once, logging each mirror's materialization and lag check — one run per cycle 
 table, for the lowest latency and for hundreds of tables — and the merge sensor requests a merge
 run only while no such run is queued or running (to catch up what a failed run left).
 
-Each launches a job of its own (:func:`automation_job`) whose steps run in the run's process: the
-default multiprocess executor would start one more Python process per step before any work.
+Each launches a job of its own (:data:`automation_job`), named here and given to the code location
+beside them, whose steps run in the run's process: the default multiprocess executor would start
+one more Python process per step before any work.
 """
 
+import functools
 import time
 
 import dagster as dg
 from dagster import SensorEvaluationContext
-from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from cdc_assets.apply.consistent_points import PointLog, find_point
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -50,12 +51,12 @@ IN_FLIGHT = [
 ]
 
 
-def automation_job(
-    name: str, selection: dg.AssetSelection | list[dg.AssetsDefinition], tags: dict[str, str] | None = None
-) -> UnresolvedAssetJobDefinition:
-    """A job that a schedule or sensor launches, executed in the run's own process, one step at a
-    time (one asset or check each)."""
-    return dg.define_asset_job(name, selection=selection, executor_def=dg.in_process_executor, tags=tags)
+automation_job = functools.partial(dg.define_asset_job, executor_def=dg.in_process_executor)
+"""A job that a schedule or sensor launches (``automation_job(name, selection, tags=…)``), executed
+in the run's own process, one step at a time (one asset or check each)."""
+
+DRAIN_JOB = "cdc_drain"
+POINT_JOB = "cdc_consistent_point"
 
 
 def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
@@ -66,28 +67,22 @@ def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
     )
 
 
-def build_drain_job(settings: Settings, changelog: dg.AssetsDefinition) -> UnresolvedAssetJobDefinition:
-    """The drain's job, launched by the schedule and the drain sensor; its runs carry ``cdc/drain``
-    and evaluate the drain's ``slot_held_wal`` check after the drain (selecting an asset selects its
-    checks). With ``schedule.merge_with_drain`` its drain step merges the tables too (the runs carry
-    ``cdc/merges``) and publishes the consistent point they make whenever the merges catch up."""
+def drain_run_tags(settings: Settings) -> dict[str, str]:
+    """The tags of the drain job's runs (launched by the schedule and the drain sensor): ``cdc/drain``;
+    with ``schedule.merge_with_drain`` also ``cdc/merges``, as their drain step merges the tables too
+    and publishes the consistent point they make whenever the merges catch up. Selecting the drain
+    asset selects its ``slot_held_wal`` check, evaluated after the drain."""
     slot = settings.config.source.slot
-    tags = {DRAIN_TAG: slot} | ({MERGES_TAG: slot} if settings.config.schedule.merge_with_drain else {})
-    return automation_job("cdc_drain", [changelog], tags=tags)
+    return {DRAIN_TAG: slot} | ({MERGES_TAG: slot} if settings.config.schedule.merge_with_drain else {})
 
 
-def build_point_job(settings: Settings, point: dg.AssetsDefinition) -> UnresolvedAssetJobDefinition:
-    """The job of the consistent point's sensor (its runs carry ``cdc/point``)."""
-    return automation_job("cdc_consistent_point", [point], tags={POINT_TAG: settings.config.source.slot})
-
-
-def build_drain_schedule(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
+def build_drain_schedule(settings: Settings) -> dg.ScheduleDefinition:
     slot = settings.config.source.slot
 
     @dg.schedule(
         name="cdc_drain_schedule",
         cron_schedule=settings.config.schedule.drain_cron,
-        target=job,
+        job_name=DRAIN_JOB,
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=(
@@ -103,13 +98,13 @@ def build_drain_schedule(settings: Settings, job: UnresolvedAssetJobDefinition) 
     return drain_schedule
 
 
-def build_drain_sensor(settings: Settings, job: UnresolvedAssetJobDefinition, lag_bytes: int) -> dg.SensorDefinition:
+def build_drain_sensor(settings: Settings, lag_bytes: int) -> dg.SensorDefinition:
     schedule = settings.config.schedule
     slot = settings.config.source.slot
 
     @dg.sensor(
         name="cdc_drain_on_lag",
-        target=job,
+        job_name=DRAIN_JOB,
         minimum_interval_seconds=schedule.drain_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Requests a drain when slot {slot} is {lag_bytes:,} WAL bytes behind or more.",
@@ -129,7 +124,7 @@ def build_drain_sensor(settings: Settings, job: UnresolvedAssetJobDefinition, la
     return drain_sensor
 
 
-def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDefinition) -> dg.SensorDefinition:
+def build_consistent_point_sensor(settings: Settings) -> dg.SensorDefinition:
     config = settings.config
     slot = config.source.slot
     refresh_s = idle_confirm_seconds(config)
@@ -139,7 +134,7 @@ def build_consistent_point_sensor(settings: Settings, job: UnresolvedAssetJobDef
 
     @dg.sensor(
         name="cdc_consistent_point",
-        target=job,
+        job_name=POINT_JOB,
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import dagster as dg
 
-from cdc_assets.changelog.checkpoint import read_checkpoint
-from cdc_assets.changelog.store import changelog_store
 from dagster_project.assets import (
     build_changelog_asset,
     build_history_asset,
@@ -16,11 +12,13 @@ from dagster_project.assets import (
     build_snapshot_asset,
 )
 from dagster_project.automation import (
+    DRAIN_JOB,
+    POINT_JOB,
+    automation_job,
     build_consistent_point_sensor,
-    build_drain_job,
     build_drain_schedule,
     build_drain_sensor,
-    build_point_job,
+    drain_run_tags,
 )
 from dagster_project.checks import (
     build_held_wal_check,
@@ -33,6 +31,7 @@ from dagster_project.maintenance import build_maintenance_asset, build_maintenan
 from dagster_project.merge_sensor import build_merge_sensor
 from dagster_project.recover import build_recover_job
 from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.run_tags import POINT_TAG
 from dagster_project.settings import Settings
 from dagster_project.verify import build_verify_asset
 
@@ -41,19 +40,22 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     """The drain asset, its held-WAL (and standby) checks and its schedule; per table a mirror asset
     (and its merge job, which the one merge sensor launches), a maintenance asset, a history asset
     and checks; one maintenance step and schedule for every table; the consistent point and its
-    sensor; the snapshot, rebuild and verify assets; the recover job; the resources."""
+    sensor; the snapshot, rebuild and verify assets; the recover job; the resources. It reads the
+    configuration file only: every look at the change log, the warehouse or the source waits for a
+    sensor's tick or a run."""
     config = settings.config
     changelog = build_changelog_asset(settings)
-    start = _history_start(settings)
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
     maintenance = build_maintenance_asset(settings)
     lag = config.schedule.drain_lag_bytes
-    point = (
-        build_consistent_point_asset(settings, list(mirrors.values())) if config.warehouse.consistent_points else None
+    points = (
+        [build_consistent_point_asset(settings, list(mirrors.values()))] if config.warehouse.consistent_points else []
     )
-    drain = build_drain_job(settings, changelog)
-    drain_sensors = [] if lag is None else [build_drain_sensor(settings, drain, lag)]
-    points = [] if point is None else [point]
+    # The jobs that the drain schedule and sensor and the point's sensor launch by name (the merge
+    # sensor and the maintenance schedule hold their own jobs).
+    jobs = [automation_job(DRAIN_JOB, [changelog], tags=drain_run_tags(settings))]
+    if points:
+        jobs.append(automation_job(POINT_JOB, points, tags={POINT_TAG: config.source.slot}))
     return dg.Definitions(
         assets=[
             changelog,
@@ -63,7 +65,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             *mirrors.values(),
             *points,
             maintenance,
-            *(build_history_asset(settings, table, start) for table in config.tables),
+            *(build_history_asset(settings, table) for table in config.tables),
         ],
         asset_checks=[
             build_held_wal_check(settings),
@@ -75,15 +77,15 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             ),
         ],
         schedules=[
-            build_drain_schedule(settings, drain),
+            build_drain_schedule(settings),
             build_maintenance_schedule(settings, maintenance),
         ],
         sensors=[
-            *drain_sensors,
-            *(build_consistent_point_sensor(settings, build_point_job(settings, p)) for p in points),
+            *([] if lag is None else [build_drain_sensor(settings, lag)]),
+            *([build_consistent_point_sensor(settings)] if points else []),
             build_merge_sensor(settings, mirrors),
         ],
-        jobs=[build_recover_job(settings)],
+        jobs=[*jobs, build_recover_job(settings)],
         executor=dg.multiprocess_executor.configured({"max_concurrent": config.schedule.run_max_concurrent}),
         resources={
             "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),
@@ -95,14 +97,3 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             ),
         },
     )
-
-
-def _history_start(settings: Settings) -> datetime:
-    """The day of the initial snapshot (history partitions start there); today before setup."""
-    checkpoint = read_checkpoint(changelog_store(settings.config))
-    moment = (
-        datetime.fromtimestamp(checkpoint.snapshot_time_us / 1e6, tz=UTC)
-        if checkpoint and checkpoint.snapshot_time_us
-        else datetime.now(UTC)
-    )
-    return moment.replace(hour=0, minute=0, second=0, microsecond=0)

@@ -22,12 +22,12 @@ that merges is (it merges the table itself; the sensor catches up what a failed 
 """
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import dagster as dg
 from dagster import SensorEvaluationContext
-from dagster._time import get_current_timestamp  # the clock that stamps Dagster's events
 
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import awaiting_copy_reason, read_checkpoint
@@ -150,7 +150,7 @@ def confirmations(
         return []
     keys = {str(t.name): mirror_key(t) for t in tables if str(t.name) in current}
     latest = context.instance.get_latest_materialization_events(list(keys.values()))
-    now = get_current_timestamp()
+    now = time.time()  # the clock that stamps Dagster's events
     verdicts = []
     for name, key in keys.items():
         last = latest.get(key)

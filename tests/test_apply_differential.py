@@ -3,7 +3,7 @@ setup → (workload chunk → drain → apply)×N, and every Delta table compare
 value by value, read back with Spark and with delta-rs (docs/architecture.md, "Invariants": ≥ 6 seeds ×
 ≥ 2,000 operations in the suite, 20 seeds on demand; 0 mismatches, both readers agree).
 
-Per seed (``tests/support/workload.py`` says what the workload does):
+Per seed (``tests/support/differential.py``; ``tests/support/workload.py`` says what the workload does):
 
 1. a schema ``diff<seed>`` with the workload's eight tables and ~25 rows each (so the initial
    snapshot has content), its own publication, slot, change log and warehouse;
@@ -30,169 +30,34 @@ small tables wait on latency, not on the two cores). Run with ``-s`` to see the 
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import psycopg
 import pytest
 
-from cdc_assets.apply.runner import apply_tables
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
-from cdc_assets.config import Config, load_config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import drain
-from cdc_assets.pipeline.setup import setup
 from dagster_project.factory import build_definitions
 from dagster_project.merge_sensor import MERGE_SENSOR
 from dagster_project.settings import load_settings
 from tests.support.bucket import Bucket
-from tests.support.config_file import DSN_VARIABLE, write_config
+from tests.support.config_file import DSN_VARIABLE
 from tests.support.database import Database
-from tests.support.mirror_diff import compare_all, fast_spark, report
-from tests.support.workload import Workload, WorkloadStats, log_coverage, tables_section
+from tests.support.differential import OPS, SMALL_OPS, SMALL_SEEDS, SeedResult, drop_slots, run_seed
+from tests.support.mirror_diff import fast_spark
+from tests.support.workload import WorkloadStats
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
 SEEDS = int(os.environ.get("CDC_DIFF_SEEDS", "6"))
 SEED_LIST = [int(s) for s in os.environ.get("CDC_DIFF_SEED_LIST", "").split(",") if s.strip()]
-OPS = int(os.environ.get("CDC_DIFF_OPS", "2000"))
-SYNCS = int(os.environ.get("CDC_DIFF_SYNCS", "3"))
 PARALLEL = int(os.environ.get("CDC_DIFF_PARALLEL", "3"))
-
-
-def drain_variant(config: Config, rng: random.Random) -> tuple[Config, str]:
-    streaming = rng.choice(("off", "on", "on"))
-    batch = rng.choice((500, 5_000, 100_000))
-    source = dataclasses.replace(config.source, streaming=streaming, batch_changes=batch)
-    return dataclasses.replace(config, source=source), f"streaming {streaming}, batch {batch}"
-
-
-@dataclasses.dataclass
-class SeedResult:
-    seed: int
-    stats: WorkloadStats
-    rows_compared: int = 0
-    syncs: int = 0
-    drains: int = 0
-    changes: int = 0
-    problems: list[str] = dataclasses.field(default_factory=list)
-    coverage: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    writes: dict[str, int] = dataclasses.field(default_factory=dict)  # commits per way of writing
-    elapsed_s: float = 0.0
-    config: Config | None = None
-
-
-def drop_slots(conn: psycopg.Connection[Any], slots: list[str]) -> None:
-    conn.execute(
-        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ANY(%s) AND NOT active",
-        (slots,),
-    )
-
-
-def run_seed(
-    db: Database,
-    spark: Any,
-    folder: Path,
-    seed: int,
-    *,
-    ops: int = OPS,
-    bucket: Bucket | None = None,
-    remote: str | None = None,
-    drop_slot: bool = True,
-) -> SeedResult:
-    """One seed; with ``bucket``, the change log and the warehouse are in it (``spark`` must reach
-    it); ``remote``: ``spark`` is a session of the Spark Connect server there (the configuration
-    says so, so that tables are merged side by side on sessions of their own); ``drop_slot``: drop
-    the seed's slot at the end (else only if the seed failed)."""
-    started = time.monotonic()
-    schema, slot = f"diff{seed}", f"diff_{seed}"
-    plan = random.Random(f"pipeline-{seed}")  # pipeline choices; the workload has its own stream
-    workload = Workload(db.dsn, schema, seed)
-    result = SeedResult(seed, workload.stats)
-    sections: dict[str, Any] = {}
-    environ = {DSN_VARIABLE: db.dsn}
-    if bucket is not None:
-        sections = {
-            "changelog": {"path": f"{bucket.uri}/seed{seed}/changelog"},
-            "warehouse": {"path": f"{bucket.uri}/seed{seed}/warehouse"},
-            "storage": bucket.section(),
-        }
-        environ |= bucket.environ()
-    if remote is not None:
-        sections["spark"] = {"remote": remote}
-    try:
-        workload.create()
-        workload.populate()
-        source = {"publication": f"{slot}_pub", "slot": slot}
-        path = write_config(folder, tables_section(workload.tables), source=source, **sections)
-        config = load_config(path, environ=environ)
-        result.config = config
-        setup(config)
-
-        def sync(how: str) -> None:
-            applied = apply_tables(config, spark)
-            result.syncs += 1
-            assert all(a.applied_lsn is not None for a in applied), [a.summary() for a in applied]
-            for table in applied:
-                result.writes[table.write] = result.writes.get(table.write, 0) + 1
-            parity = compare_all(config, db.dsn, spark if how == "last" else None)
-            result.rows_compared += sum(p.rows_compared for p in parity)
-            text = report(parity)
-            if text:
-                result.problems.append(f"seed {seed}, after sync {result.syncs} ({how}):\n{text}")
-
-        chunks = [ops // SYNCS + (1 if i < ops % SYNCS else 0) for i in range(SYNCS)]
-        large_chunk = plan.randrange(SYNCS)
-        for i, ops in enumerate(chunks):
-            last = i == SYNCS - 1
-            large_at = plan.randrange(ops) if i == large_chunk else None
-            if plan.random() < 0.4 and ops > 10:  # two drains, one apply
-                first = plan.randrange(1, ops)
-                workload.run(
-                    first, allow_pending=False, large_at=large_at if large_at is not None and large_at < first else None
-                )
-                variant, _ = drain_variant(config, plan)
-                done = drain(variant)
-                result.drains += 1
-                result.changes += done.total_changes
-                rest_large = large_at - first if large_at is not None and large_at >= first else None
-                workload.run(ops - first, allow_pending=not last, large_at=rest_large)
-            else:
-                workload.run(ops, allow_pending=not last, large_at=large_at)
-            if last:
-                workload.finish()
-            variant, how = drain_variant(config, plan)
-            done = drain(variant)
-            result.drains += 1
-            result.changes += done.total_changes
-            sync("last" if last else how)
-            if i == 0 and not last:  # a batch of one kind, which the merge writes by a cheaper path
-                kind = plan.choice(["insert", "update"])
-                workload.one_kind(kind, 40)
-                done = drain(config)
-                result.drains += 1
-                result.changes += done.total_changes
-                sync(f"{kind}s only")
-        result.coverage = {t.split(".", 1)[1]: c for t, c in log_coverage(changelog_store(config)).items()}
-    except Exception as error:  # noqa: BLE001 — keep going with the other seeds; reported at the end
-        result.problems.append(f"seed {seed}: {type(error).__name__}: {error}")
-    finally:
-        workload.close()
-        with psycopg.connect(db.dsn, autocommit=True) as conn:
-            mine = "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND starts_with(gid, %s)"
-            for gid in conn.execute(mine, (f"{schema}_",)).fetchall():
-                conn.execute(f"ROLLBACK PREPARED '{gid[0]}'")
-            if drop_slot or result.problems:
-                drop_slots(conn, [slot])
-    result.elapsed_s = time.monotonic() - started
-    return result
 
 
 def test_differential_random_workloads(pg: Database, spark: Any, tmp_path: Path) -> None:
@@ -254,12 +119,6 @@ def test_differential_random_workloads(pg: Database, spark: Any, tmp_path: Path)
     assert {"create", "overwrite", "append", "MERGE", "MERGE (matched only)"} <= writes, writes
 
 
-BUCKET_SEEDS = tuple(
-    int(s) for s in os.environ.get("CDC_DIFF_SMALL_SEEDS", "41").split(",")
-)  # the large variant: 41,42,…
-BUCKET_OPS = 600
-
-
 def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
     pg: Database, spark: Any, bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -273,16 +132,16 @@ def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
         session = spark.newSession()
         bucket.configure(session)
         with fast_spark(session):
-            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=BUCKET_OPS, bucket=bucket, drop_slot=False)
+            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=SMALL_OPS, bucket=bucket, drop_slot=False)
 
-    with ThreadPoolExecutor(len(BUCKET_SEEDS), thread_name_prefix="seed") as pool:
-        results = list(pool.map(one, BUCKET_SEEDS))
+    with ThreadPoolExecutor(len(SMALL_SEEDS), thread_name_prefix="seed") as pool:
+        results = list(pool.map(one, SMALL_SEEDS))
     assert not [p for r in results for p in r.problems], "\n\n".join(p for r in results for p in r.problems)
     assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
     config = results[0].config
     assert config is not None and config.changelog.path.startswith(bucket.uri)
     assert config.target_path(config.tables[0]).startswith(bucket.uri)
-    assert not list((tmp_path / f"seed{BUCKET_SEEDS[0]}").glob("*/"))  # nothing but cdc.yaml on disk
+    assert not list((tmp_path / f"seed{SMALL_SEEDS[0]}").glob("*/"))  # nothing but cdc.yaml on disk
 
     monkeypatch.setenv(DSN_VARIABLE, pg.dsn)
     for variable, value in bucket.environ().items():
@@ -307,4 +166,4 @@ def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
         due.skip_message
     )
     with pg.connect() as conn:
-        drop_slots(conn, [f"diff_{seed}" for seed in BUCKET_SEEDS])
+        drop_slots(conn, [f"diff_{seed}" for seed in SMALL_SEEDS])

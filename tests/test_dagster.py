@@ -5,17 +5,20 @@ backfills, and the parity and lag checks.
 
 Most tests share one module-scoped pipeline (:func:`env`: a database, its change log, Delta tables
 and a persistent Dagster instance) so Spark work stays small; each test brings the pipeline to the
-state it needs (:func:`sync`) and leaves its tables equal to their sources. The run-queue tests use
+state it needs (:meth:`DagsterEnv.sync`) and leaves its tables equal to their sources. The run-queue tests use
 their own database and instance.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, date, datetime, time, timedelta
@@ -25,7 +28,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from dagster._core.execution.api import create_execution_plan
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
@@ -46,32 +48,39 @@ from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source import DrainLock
 from cdc_assets.source.lock import TableWriteLock
-from dagster_project.assets import (
-    CHANGELOG_KEY,
-    REBUILD_KEY,
-    build_history_asset,
-    history_key,
-    history_path,
-)
+from dagster_project.assets import CHANGELOG_KEY, HISTORY_START, REBUILD_KEY, history_key, history_path
 from dagster_project.consistent import POINT_KEY
-from dagster_project.demo.run import DAGSTER_YAML as DEMO_INSTANCE_YAML
 from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
 from dagster_project.settings import load_settings
 from dagster_project.verify import VERIFY_KEY
 from tests.support.commit_time import commit_at
 from tests.support.dagster_env import (
+    DEMO_INSTANCE,
     DSN_VARIABLE,
+    MIRROR_KEYS,
     ROOT,
     SLOT,
     TABLES,
     DagsterEnv,
     SensorTick,
     ThreadRunLauncher,
+    commit_each,
     create_source,
     execute,
     load_code_location,
+    materialization,
+    requested,
+    tick_time,
     write_dagster_config,
+)
+from tests.support.dagster_rounds import (
+    ROUND_1,
+    ROUND_1_CHANGES,
+    ROUND_1_MERGED,
+    ROUND_2,
+    ROUND_2_CHANGES,
+    ROUND_2_MERGED,
 )
 from tests.support.database import Database
 from tests.support.mirror_diff import rust_table
@@ -80,40 +89,8 @@ from tests.support.rows import difference, multiset
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SECRET_DSN = "postgresql://cdc_reader:Sup3r-S3cret-Pw@db.example.internal:5432/shop"
-DEMO_INSTANCE = yaml.safe_load(DEMO_INSTANCE_YAML)
 DEPLOY = ROOT / "deploy"
 QUEUE_SLOT = "cdc_queue_slot"
-MIRROR_KEYS = {t: dg.AssetKey(["delta", *t.split(".")]) for t in TABLES}
-
-# Round 1 leaves public.notes idle; round 2 changes public.notes only. Every statement changes one
-# row, so the change records per table are the statements per table.
-ROUND_1 = [
-    [
-        "INSERT INTO public.customers VALUES (6, 'customer 6', 'bronze', DATE '2024-02-01')",
-        "INSERT INTO public.orders VALUES (7, 6, 'draft', 70)",  # filtered out
-    ],
-    [
-        "UPDATE public.customers SET tier = 'gold' WHERE id = 1",
-        "UPDATE public.orders SET status = 'paid' WHERE id = 3",  # moves into the row filter
-        "UPDATE public.orders SET status = 'draft' WHERE id = 2",  # moves out of it
-    ],
-    [
-        "DELETE FROM public.customers WHERE id = 5",
-        "DELETE FROM public.orders WHERE id = 4",
-        "INSERT INTO public.customers VALUES (7, 'customer 7', 'silver', DATE '2024-02-02')",
-        "INSERT INTO public.orders VALUES (8, 7, 'paid', 80)",
-    ],
-]
-ROUND_1_CHANGES = {CUSTOMERS: 4, ORDERS: 5}
-ROUND_1_MERGED = {CUSTOMERS: (2, 1, 1), ORDERS: (2, 0, 2)}  # (inserted, updated, deleted) in Delta
-ROUND_2 = [
-    ["INSERT INTO public.notes VALUES (4, 'note 4', 4)", "UPDATE public.notes SET body = 'edited' WHERE id = 1"],
-    ["DELETE FROM public.notes WHERE id = 2"],
-]
-ROUND_2_CHANGES = {NOTES: 3}
-# public.notes is REPLICA IDENTITY FULL: its rows match on every column, so Delta replaces an
-# updated row (one delete, one insert) rather than updating it.
-ROUND_2_MERGED = {NOTES: (2, 0, 2)}
 
 
 # -- fixtures and helpers ---------------------------------------------------------------------------
@@ -131,35 +108,6 @@ def env(pg_module: Database, spark: Any, tmp_path_factory: pytest.TempPathFactor
         create_source(pg_module, folder)
         with dg.instance_for_test(overrides=DEMO_INSTANCE) as instance:
             yield DagsterEnv(pg_module, folder, instance)
-
-
-def tick_time(minute: int) -> datetime:
-    return datetime(2026, 1, 5, 12, minute, tzinfo=UTC)
-
-
-def requested(ticks: dict[str, Any]) -> set[str]:
-    return {table for table, tick in ticks.items() if tick.run_requests}
-
-
-def merge_requested(env: DagsterEnv, ticks: dict[str, Any]) -> dict[str, dg.ExecuteInProcessResult]:
-    """Execute every run request of ``ticks``; each run's mirror materialization, by table."""
-    results = {}
-    for table, tick in ticks.items():
-        for request in tick.run_requests:
-            results[table] = env.execute_request(tick, request)
-    return results
-
-
-def sync(env: DagsterEnv, minute: int) -> dict[str, dg.ExecuteInProcessResult]:
-    """A scheduled drain, then the merges the sensors request."""
-    env.run_schedule(tick_time(minute))
-    return merge_requested(env, env.evaluate_sensors())
-
-
-def materialization(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict[str, Any]:
-    events = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
-    assert len(events) == 1, events
-    return {k: v.value for k, v in events[0].materialization.metadata.items()}
 
 
 def publish_requested_point(env: DagsterEnv) -> dict[str, Any]:
@@ -270,6 +218,44 @@ def test_code_location_loads_with_dg_and_lists_its_definitions(tmp_path: Path, m
     assert "Sup3r-S3cret" not in str(refusal.value)
 
 
+def test_loading_the_code_location_reads_no_storage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The change log and the warehouse in a bucket whose S3 endpoint accepts connections and closes
+    them at once (any read fails): the code location loads, and nothing connected to the endpoint."""
+    connections: list[str] = []
+    with socket.create_server(("127.0.0.1", 0)) as endpoint:
+
+        def refuse() -> None:
+            with contextlib.suppress(OSError):  # the listener shut down: the test is over
+                while True:
+                    conn, peer = endpoint.accept()
+                    connections.append(f"{peer[0]}:{peer[1]}")
+                    conn.close()
+
+        refuser = threading.Thread(target=refuse, daemon=True)
+        refuser.start()
+        storage = {
+            "endpoint": f"http://127.0.0.1:{endpoint.getsockname()[1]}",
+            "access_key_id": "k",
+            "secret_access_key": "s",
+        }
+        config = write_dagster_config(
+            tmp_path,
+            changelog={"path": "s3://nowhere/changelog"},
+            warehouse={"path": "s3://nowhere/warehouse"},
+            storage=storage,
+        )
+        monkeypatch.setenv("CDC_CONFIG", str(config))
+        monkeypatch.setenv(DSN_VARIABLE, SECRET_DSN)
+        defs = load_code_location()
+        dg.Definitions.validate_loadable(defs)
+        RepositorySnap.from_def(defs.get_repository_def())  # what the code server sends the UI
+        endpoint.shutdown(socket.SHUT_RDWR)  # ends the accept() it waits in
+        refuser.join(timeout=10)
+    assert not refuser.is_alive()
+    assert not connections, f"loading the code location reached the storage: {connections}"
+    assert {s.name for s in defs.sensors} == expected_keys()["sensors"]
+
+
 # -- 2. schedule-driven drains, sensor-driven merges -----------------------------------------------
 
 
@@ -286,7 +272,7 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         assert json.loads(tick.cursor or "{}")[table] == env.checkpoint_lsn()
         assert request.job_name == f"cdc_merge__{table.replace('.', '__')}"
         assert env.defs.resolve_job_def(request.job_name).executor_def.name == "in_process"
-    results = merge_requested(env, ticks)
+    results = env.merge_requested(ticks)
     env.assert_delta_equals_source()
     for table, result in results.items():
         assert result.dagster_run.tags["cdc/table"] == table.replace(".", "__")  # the merge job's tag
@@ -339,7 +325,7 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
         for table in set(TABLES) - set(changes):
             assert again[table].reason() == "up to date"
 
-        results = merge_requested(env, ticks)
+        results = env.merge_requested(ticks)
         env.assert_delta_equals_source()
         for table, result in results.items():
             metadata = materialization(result, MIRROR_KEYS[table])
@@ -361,10 +347,10 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
 def ensure_incremental_merges(env: DagsterEnv) -> None:
     """Every table merged from the log, and merged incrementally at least once (the test above
     leaves it so; run alone, this does it)."""
-    sync(env, 20)
+    env.sync(20)
     if any(env.version(t) == 0 for t in TABLES):
         env.transactions(*ROUND_1, *ROUND_2)
-        sync(env, 25)
+        env.sync(25)
     assert all(env.version(t) >= 1 for t in TABLES)
 
 
@@ -426,7 +412,7 @@ def test_parity_and_lag_checks_pass_on_correct_tables_and_fail_on_damage(env: Da
     records nothing; a damaged table fails, the others pass; with no drain to pass its point it
     warns that it could not compare. ``cdc/verify`` drains and merges up to its point itself and
     records the drain, the merge and the verdict."""
-    sync(env, 40)
+    env.sync(40)
     lag_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "lag") for t in TABLES]
     parity_keys = [dg.AssetCheckKey(MIRROR_KEYS[t], "parity") for t in TABLES]
     versions = {t: env.version(t) for t in TABLES}
@@ -557,28 +543,23 @@ def test_history_backfill_writes_each_commit_day_exactly_and_idempotently(env: D
     assert [r["_cdc_commit_time"] for r in log[last]] == [at(last, 9, 15)] * 2
     assert empty not in log and today in log  # three commit days with changes, one day without
 
-    # The code location's history partitions: daily (UTC) from the day of the initial snapshot.
-    # These commits carry earlier (upstream) commit days, so the asset is built by the same factory
-    # with its partitions starting at the first of them.
+    # The code location's history partitions: daily (UTC) from a fixed first day (loading the code
+    # location reads no change log), so they hold these earlier (upstream) commit days too.
     settings = load_settings(str(env.config_path))
-    snapshot_day = datetime.fromtimestamp(
-        ChangeLogReader(settings.config.changelog.path).checkpoint().snapshot_time_us / 1e6, UTC
-    ).date()
-    located = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES))).partitions_def
+    history = env.defs.resolve_assets_def(history_key(settings.config.table(NOTES)))
+    located = history.partitions_def
     assert isinstance(located, dg.DailyPartitionsDefinition)
-    assert located.start.date() == snapshot_day and str(located.timezone) == "UTC"
-    history = build_history_asset(settings, settings.config.table(NOTES), at(first, 0))
+    assert located.start.date().isoformat() == HISTORY_START and str(located.timezone) == "UTC"
     days = [first, empty, last]
-    assert history.partitions_def.get_partition_keys()[:3] == [d.isoformat() for d in days]
+    keys = located.get_partition_keys()
+    assert keys[0] == HISTORY_START and keys[-3:] == [d.isoformat() for d in days]  # up to yesterday
 
     def backfill() -> dict[date, int]:
         written = {}
         for day in days:
-            result = dg.materialize(
-                [history],
+            result = env.execute(
+                dg.AssetSelection.assets(history.key),
                 partition_key=day.isoformat(),
-                instance=env.instance,
-                resources=env.defs.resources,
                 tags={"dagster/backfill": "history"},
             )
             metadata = materialization(result, history.key)
@@ -632,7 +613,7 @@ def history_view(row: dict[str, Any], before: str, after: str) -> dict[str, Any]
 
 @pytest.mark.slow
 def test_maintenance_compacts_a_table_beside_its_mirror_under_its_write_lock(env: DagsterEnv) -> None:
-    sync(env, 55)
+    env.sync(55)
     config = env.config()
     table = config.table(CUSTOMERS)
     key = maintenance_key(table)
@@ -732,7 +713,7 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
         pools = {f"cdc_drain__{QUEUE_SLOT}"} | {f"cdc_table__{t.replace('.', '__')}" for t in TABLES}
         for pool in pools:
             assert instance.event_log_storage.initialize_concurrency_limit_to_default(pool)
-        env_transactions(pg, ROUND_1)
+        commit_each(pg, ROUND_1)
         runs = {
             "drain 1": submit(drain_job), "drain 2": submit(drain_job),
             "customers 1": submit(merge_jobs[CUSTOMERS]), "customers 2": submit(merge_jobs[CUSTOMERS]),
@@ -772,14 +753,6 @@ def test_run_queue_never_runs_two_drains_or_two_writers_of_one_table_at_once(
         assert instance.run_coordinator.cancel_run(runs["customers 2"])
         for name in ("customers maintenance", "notes"):
             assert instance.run_coordinator.cancel_run(runs[name])
-
-
-def env_transactions(db: Database, transactions: list[list[str]]) -> None:
-    with db.connect() as conn:
-        for statements in transactions:
-            with conn.transaction():
-                for statement in statements:
-                    conn.execute(statement)
 
 
 def advisory_waiters(db: Database) -> int:

@@ -6,21 +6,27 @@ the config shows its assets, merge job and backfill partition when the code loca
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
-import yaml
 from delta.tables import DeltaTable
 
 from cdc_assets.config import load_config
 from cdc_assets.pipeline.setup import setup
 from dagster_project.assets import SNAPSHOT_KEY, table_pool
-from dagster_project.demo.run import DAGSTER_YAML
 from dagster_project.merge_sensor import COPY_JOB
-from tests.support.dagster_env import DDL, DSN_VARIABLE, TABLES, DagsterEnv, load_code_location, write_dagster_config
+from tests.support.dagster_env import (
+    DDL,
+    DEMO_INSTANCE,
+    DSN_VARIABLE,
+    TABLES,
+    DagsterEnv,
+    load_code_location,
+    tick_time,
+    write_dagster_config,
+)
 from tests.support.database import Database
 from tests.support.rows import difference
 
@@ -36,24 +42,13 @@ def env(pg_module: Database, spark: Any, tmp_path_factory: pytest.TempPathFactor
         with pg_module.connect() as conn:
             conn.execute(DDL)
         setup(load_config(write_dagster_config(folder), environ={DSN_VARIABLE: pg_module.dsn}))
-        with dg.instance_for_test(overrides=yaml.safe_load(DAGSTER_YAML)) as instance:
+        with dg.instance_for_test(overrides=DEMO_INSTANCE) as instance:
             yield DagsterEnv(pg_module, folder, instance)
-
-
-def sync(env: DagsterEnv, minute: int) -> set[str]:
-    """A scheduled drain, then the merges the sensors request; the tables merged."""
-    env.run_schedule(datetime(2026, 1, 5, 12, minute, tzinfo=UTC))
-    merged = set()
-    for table, tick in env.evaluate_sensors().items():
-        for request in tick.run_requests:
-            env.execute_request(tick, request)
-            merged.add(table)
-    return merged
 
 
 @pytest.mark.slow
 def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEnv, spark: Any) -> None:
-    assert sync(env, 0) == set(TABLES)
+    assert set(env.sync(0)) == set(TABLES)
     DeltaTable.forPath(spark, env.path(CUSTOMERS)).delete("id = 1")
     DeltaTable.forPath(spark, env.path(CUSTOMERS)).update("id = 2", {"name": "'damaged'"})
     assert difference(env.delta_rows(CUSTOMERS), env.source_rows(CUSTOMERS)), "the damage is not visible"
@@ -69,7 +64,7 @@ def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEn
     assert env.applied(CUSTOMERS) == applied[CUSTOMERS]  # the copy itself writes no Delta table
 
     env.transactions(["UPDATE public.orders SET amount = amount + 1 WHERE id = 1"])
-    assert sync(env, 5) == {CUSTOMERS, ORDERS}  # the copy makes customers due; orders has a change
+    assert set(env.sync(5)) == {CUSTOMERS, ORDERS}  # the copy makes customers due; orders has a change
     env.assert_delta_equals_source()
     assert all((env.applied(t) or 0) > (applied[t] or 0) for t in (CUSTOMERS, ORDERS))
     # The copy takes no table's pool: the table's merges (and every other) are not held up by it.
@@ -82,13 +77,13 @@ def test_a_migration_moves_the_mirror_and_a_rewrite_is_copied_by_the_sensor(env:
     recorded on its materialization (what changed, ``dagster/column_schema``); a rewrite holds the
     table, and the sensor requests its copy (``cdc_copy_held``, once), after which its merge makes it
     equal to its source (docs/architecture.md, "Schema migrations")."""
-    sync(env, 10)
+    env.sync(10)
     env.transactions(
         ["ALTER TABLE public.customers RENAME COLUMN tier TO level"],
         ["ALTER TABLE public.customers ADD COLUMN points int DEFAULT 100"],
         ["UPDATE public.customers SET points = 5 WHERE id = 1"],
     )
-    env.run_schedule(datetime(2026, 1, 5, 12, 15, tzinfo=UTC))
+    env.run_schedule(tick_time(15))
     (request,) = env.evaluate_sensors()[CUSTOMERS].run_requests
     result = env.execute_request(env.evaluate_sensors(fresh=True)[CUSTOMERS], request)
     (event,) = [
@@ -103,14 +98,14 @@ def test_a_migration_moves_the_mirror_and_a_rewrite_is_copied_by_the_sensor(env:
     env.assert_delta_equals_source([CUSTOMERS])
 
     env.transactions(["ALTER TABLE public.notes ALTER COLUMN stars TYPE bigint USING stars * 10"])
-    env.run_schedule(datetime(2026, 1, 5, 12, 20, tzinfo=UTC))
+    env.run_schedule(tick_time(20))
     tick = env.evaluate_sensors()[NOTES]
     (copy,) = tick.run_requests
     assert copy.job_name == COPY_JOB and copy.partition_key == NOTES, copy
     env.execute_request(tick, copy)
     (again,) = env.evaluate_sensors()[NOTES].run_requests  # until the drain passes the copy: the same run key,
     assert again.run_key == copy.run_key  # which the daemon does not launch twice
-    assert NOTES in sync(env, 25)  # the drain records the copy: the table is due, and merged
+    assert NOTES in env.sync(25)  # the drain records the copy: the table is due, and merged
     env.assert_delta_equals_source([NOTES])
 
 

@@ -1,8 +1,8 @@
 """The house's layering (docs/architecture.md, "Modules"). The library's packages go by stage, each
 importing only the stages below it, with no circle of imports — every import of every module read
-from its source, those inside functions and ``TYPE_CHECKING`` blocks too; and ``cdc_assets``
+from its source, those inside functions and ``TYPE_CHECKING`` blocks too; ``cdc_assets``
 imports neither Dagster, nor the Dagster code location, nor the throwaway servers of the demo and
-the tests."""
+the tests; the code imports Dagster's public API only; and no test module imports another."""
 
 from __future__ import annotations
 
@@ -23,16 +23,25 @@ def _forbidden(module: str) -> bool:
     return top in FORBIDDEN or top.startswith("dagster_")
 
 
-def test_no_module_of_the_library_imports_dagster_or_the_sandbox() -> None:
+def absolute_imports(path: Path) -> list[tuple[int, str]]:
+    """Every absolute import of the module at ``path`` (those inside functions and ``TYPE_CHECKING``
+    blocks too), by line: ``import a.b`` names ``a.b``; ``from a import b`` names ``a`` and ``a.b``."""
     found = []
-    for path in sorted(LIBRARY.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            found += [f"{path.relative_to(LIBRARY.parent)}:{node.lineno} imports {n}" for n in names if _forbidden(n)]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, node.module), *((node.lineno, f"{node.module}.{a.name}") for a in node.names)]
+    return found
+
+
+def test_no_module_of_the_library_imports_dagster_or_the_sandbox() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sorted(LIBRARY.rglob("*.py"))
+        for line, name in absolute_imports(path)
+        if _forbidden(name)
+    ]
     assert not found, "\n".join(found)
 
 
@@ -249,3 +258,36 @@ def test_the_pgoutput_protocol_is_spelled_in_one_module() -> None:
             if id(node) not in formatted and spelled(node, path):
                 found.append(f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}: {ast.unparse(node)}")
     assert not found, "spell these through cdc_assets/pgoutput/protocol.py:\n" + "\n".join(found)
+
+
+def test_only_dagsters_public_api_is_imported() -> None:
+    """No module of ``cdc_assets`` or ``dagster_project`` imports a private module of Dagster
+    (``dagster._…``, or of a ``dagster_*`` library): they change without notice between releases."""
+
+    def private(name: str) -> bool:
+        top, *rest = name.split(".")
+        dagsters = top == "dagster" or (top.startswith("dagster_") and top not in PACKAGES)
+        return dagsters and any(part.startswith("_") and not part.startswith("__") for part in rest)
+
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line, name in absolute_imports(path)
+        if private(name)
+    ]
+    assert not found, "Dagster's private modules:\n" + "\n".join(found)
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    """Tests share helpers through ``tests/support/`` (and fixtures through ``tests/conftest.py``)
+    only: no module under ``tests/`` imports a test module (``tests/test_*.py``) or a name of one."""
+    tests = ROOT / "tests"
+    test_modules = {module_name(p): p for p in sorted(tests.glob("test_*.py"))}
+    assert len(test_modules) > 10, test_modules  # the glob found the suite
+    found = [
+        f"{name} imports {imported}"
+        for name, path in ((module_name(p), p) for p in sorted(tests.rglob("*.py")))
+        for imported in sorted(imports(name, path, test_modules))
+    ]
+    assert not found, "import these from tests/support/ instead:\n" + "\n".join(found)

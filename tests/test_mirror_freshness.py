@@ -2,18 +2,20 @@
 fresh: its merge sensor reports a runless materialization — current as of the log's checkpoint —
 when the table has nothing to merge, the drains have moved the checkpoint on, and the last
 materialization is a sixth of the window old. Evaluated as the daemon does, against a real slot
-and a Dagster instance; Dagster's clock is moved forward with its own ``freeze_time``."""
+and a Dagster instance; the clock (``time.time``, which the sensor and Dagster's event stamps read)
+is moved forward."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.test_utils import freeze_time
-from dagster._time import get_current_timestamp
 
 from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
@@ -27,6 +29,16 @@ from tests.support.database import Database
 
 SLOT = "cdc_fresh_slot"
 FRESHNESS_MINUTES = 12  # confirmations at most every 2 minutes
+
+
+@contextmanager
+def clock_moved(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[None]:
+    """``time.time`` stopped ``seconds`` ahead of now: the merge sensor's clock and the one Dagster
+    stamps the events it stores with."""
+    ahead = time.time() + seconds
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "time", lambda: ahead)
+        yield
 
 
 def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
@@ -96,14 +108,14 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
         soon = tick()
         assert not soon.asset_events and "up to date" in (soon.skip_message or "")
         # … a sixth of the window later, it is said again, at the new checkpoint.
-        with freeze_time(get_current_timestamp() + FRESHNESS_MINUTES * 60 / 6 + 1):
+        with clock_moved(monkeypatch, FRESHNESS_MINUTES * 60 / 6 + 1):
             later = tick()
         assert [e.metadata["checkpoint_lsn"].value for e in later.asset_events] == [format_lsn(second)]
 
         # A change to the table: a merge is requested, not a confirmation.
         pg.execute("UPDATE public.customers SET tier = 'gold' WHERE id = 1")
         third = drained()
-        with freeze_time(get_current_timestamp() + FRESHNESS_MINUTES * 60):
+        with clock_moved(monkeypatch, FRESHNESS_MINUTES * 60):
             due = tick()
         assert not due.asset_events
         assert [r.run_key for r in due.run_requests] == [f"{TABLES[0]}@{third}"]

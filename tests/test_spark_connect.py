@@ -5,35 +5,41 @@ sensor's merge run with ``spark.remote``."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import dagster as dg
+import psutil
 import pytest
 
 from cdc_assets.apply.session import is_connect
 from cdc_assets.lsn import format_lsn
-from tests.support.dagster_env import DSN_VARIABLE, ROOT, DagsterEnv, create_source
+from tests.support.dagster_env import (
+    DEMO_INSTANCE,
+    DSN_VARIABLE,
+    MIRROR_KEYS,
+    ROOT,
+    DagsterEnv,
+    create_source,
+    materialization,
+    requested,
+    tick_time,
+)
+from tests.support.dagster_rounds import ROUND_1
 from tests.support.database import Database
+from tests.support.differential import SMALL_OPS, SMALL_SEEDS, SeedResult, run_seed
+from tests.support.pipeline import wait_until
 from tests.support.spark_server import (  # the fixtures: used by name
     CONNECT_MODE,
+    STOP_TIMEOUT_S,
     RunningServer,
     classic_mode_restored,  # noqa: F401
     connect_session,
     listening,
     start_server,
-)
-from tests.test_apply_differential import BUCKET_OPS, BUCKET_SEEDS, SeedResult, run_seed
-from tests.test_dagster import (
-    DEMO_INSTANCE,
-    MIRROR_KEYS,
-    ROUND_1,
-    materialization,
-    merge_requested,
-    requested,
-    tick_time,
 )
 
 pytestmark = pytest.mark.slow
@@ -53,6 +59,29 @@ def test_spark_server_prints_its_address_and_stops_on_sigterm(tmp_path: Path) ->
     assert server.stop() == 0, server.lines
     assert not listening(server.port)
     assert server.lines[-1] == "stopped", server.lines
+
+
+def test_the_server_dies_with_its_command_when_that_is_killed(tmp_path: Path) -> None:
+    """SIGKILL the ``cdc-assets spark-server`` command (no clean-up of its own can run): its JVM, in
+    a session of its own, stops too — the port free, the process gone — rather than living on."""
+    server = start_server(tmp_path)
+    [jvm] = psutil.Process(server.process.pid).children()
+    try:
+        assert jvm.is_running() and listening(server.port)
+        server.process.kill()
+        assert server.process.wait(STOP_TIMEOUT_S) == -signal.SIGKILL
+        wait_until(lambda: not listening(server.port) and gone(jvm), STOP_TIMEOUT_S, "the server's JVM to stop")
+    finally:
+        if not gone(jvm):
+            jvm.kill()
+
+
+def gone(process: psutil.Process) -> bool:
+    """Ended (a zombie no one reaped has ended too)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_a_process_with_a_connect_session_exits_at_once_after_its_server_stopped(tmp_path: Path) -> None:
@@ -90,12 +119,12 @@ def test_differential_over_spark_connect(pg: Database, connect_server: RunningSe
         session = connect_session(connect_server)
         assert is_connect(session)
         try:
-            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=BUCKET_OPS, remote=connect_server.address)
+            return run_seed(pg, session, tmp_path / f"seed{seed}", seed, ops=SMALL_OPS, remote=connect_server.address)
         finally:
             session.stop()
 
-    with ThreadPoolExecutor(len(BUCKET_SEEDS), thread_name_prefix="seed") as pool:
-        results = list(pool.map(one, BUCKET_SEEDS))
+    with ThreadPoolExecutor(len(SMALL_SEEDS), thread_name_prefix="seed") as pool:
+        results = list(pool.map(one, SMALL_SEEDS))
     assert not [p for r in results for p in r.problems], "\n\n".join(p for r in results for p in r.problems)
     assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
     writes = {w for r in results for w, n in r.writes.items() if n}
@@ -119,7 +148,7 @@ def test_dagster_sensor_merge_runs_over_spark_connect(
             env.run_schedule(tick_time(minute))
             ticks = env.evaluate_sensors()
             assert requested(ticks), {t: tick.skip_message for t, tick in ticks.items()}
-            results = merge_requested(env, ticks)
+            results = env.merge_requested(ticks)
             env.assert_delta_equals_source()
             for table, result in results.items():
                 metadata = materialization(result, MIRROR_KEYS[table])

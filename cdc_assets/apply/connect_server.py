@@ -13,11 +13,14 @@ plugin that is not published for this Spark), which is all cdc-assets uses (docs
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -32,6 +35,7 @@ from cdc_assets.errors import CdcError
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 STOP_TIMEOUT_S = 60.0
+PR_SET_PDEATHSIG = 1  # prctl(2)'s option, <linux/prctl.h>
 
 
 class ConnectServerError(CdcError):
@@ -79,7 +83,11 @@ class ConnectServer:
 def serve(server: ConnectServer, ready: Callable[[str], None], start_timeout_s: float = 600.0) -> int:
     """Run ``server`` in the foreground until it stops or this process is interrupted (SIGINT, or
     SIGTERM raised as :class:`KeyboardInterrupt`); ``ready`` gets its ``sc://`` address once it
-    accepts connections. Returns the server's exit status (0 after an interrupt)."""
+    accepts connections. Returns the server's exit status (0 after an interrupt). Runs on the main
+    thread: the server gets SIGTERM when the thread that started it ends, and so dies with this
+    process, even a SIGKILLed one (on Linux)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("serve() runs on the main thread: its server dies when the thread that started it ends")
     ensure_java()
     with tempfile.TemporaryDirectory(prefix="cdc-connect-") as folder:
         properties = Path(folder, "spark.properties")
@@ -101,6 +109,7 @@ def _run(server: ConnectServer, properties: Path, ready: Callable[[str], None], 
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # a Ctrl-C reaches this process only, which stops the server in order
+            preexec_fn=_dying_with(os.getpid()),
         )
         try:
             _wait_until_listening(server, process, start_timeout_s)
@@ -114,6 +123,22 @@ def _run(server: ConnectServer, properties: Path, ready: Callable[[str], None], 
     finally:
         if server.log:
             out.close()  # type: ignore[union-attr]
+
+
+def _dying_with(parent: int) -> Callable[[], None] | None:
+    """What the server's process runs between fork and exec: Linux's parent-death signal set to
+    SIGTERM (it survives the exec of ``spark-submit`` and of the JVM), so that the JVM stops when
+    ``parent`` — this process — dies, however it dies, instead of holding its port; it exits at once
+    if ``parent`` died before that. Elsewhere, nothing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork: the child only calls it
+
+    def die_with_parent() -> None:
+        if prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM)) != 0 or os.getppid() != parent:
+            os._exit(1)
+
+    return die_with_parent
 
 
 def _wait_until_listening(server: ConnectServer, process: subprocess.Popen[bytes], timeout_s: float) -> None:

@@ -2,8 +2,8 @@
 
 Server → client: :class:`XLogData` (one pgoutput message and where it is in the WAL) and
 :class:`PrimaryKeepalive`; client → server: :class:`StandbyStatusUpdate`. Each layout is written
-once, as the ``Struct`` of its fixed part (the type byte first), and every message encodes to and
-decodes from exactly those bytes. LSNs are ints; the clocks, sent as microseconds since
+once, as the ``Struct`` of its fixed part (the type byte first); the server's messages decode from
+exactly the bytes they encode to, and the client's encodes. LSNs are ints; the clocks, sent as microseconds since
 2000-01-01, are kept as microseconds since the Unix epoch (``*_time_us``), as in
 :mod:`cdc_assets.pgoutput.messages`.
 
@@ -117,17 +117,6 @@ def decode_server_message(data: bytes) -> ServerMessage:
         return PrimaryKeepalive(end, clock + POSTGRES_EPOCH_US, bool(reply))
     what = "an empty message" if not kind else f"unknown message type {kind!r}"
     raise DecodeError(f"{what} in the replication stream", message_type=None, offset=0)
-
-
-def decode_status_update(data: bytes) -> StandbyStatusUpdate:
-    """A :class:`StandbyStatusUpdate` from its bytes (the server's side; for tests and tools)."""
-    if data[:1] != StandbyStatusUpdate.TYPE:
-        raise DecodeError(f"type {data[:1]!r} is not a standby status update", message_type=None, offset=0)
-    _require(data, STANDBY_STATUS_UPDATE.size, "standby status update", exact=True)
-    _, written, flushed, applied, clock, reply = STANDBY_STATUS_UPDATE.unpack_from(data)
-    if reply > 1:
-        raise DecodeError(f"reply flag {reply} is neither 0 nor 1", message_type="standby status update", offset=33)
-    return StandbyStatusUpdate(written, flushed, applied, clock + POSTGRES_EPOCH_US, bool(reply))
 
 
 def _require(data: bytes, size: int, name: str, *, exact: bool) -> None:

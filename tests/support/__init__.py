@@ -16,11 +16,16 @@ Pipelines to drive:
 * ``mirror`` — :class:`Mirror`: the same for the apply tests, on the shared Spark session, with
   :meth:`Mirror.check` (Spark and delta-rs against the source).
 * ``dagster_env`` — the Dagster code location driven in-process (:class:`DagsterEnv`, its
-  ``cdc.yaml`` through ``write_dagster_config``, ``ThreadRunLauncher`` for the run queue).
+  ``cdc.yaml`` through ``write_dagster_config``, ``ThreadRunLauncher`` for the run queue, the
+  demo's instance settings, a run's ``materialization``).
+* ``dagster_rounds`` — rounds of transactions on ``dagster_env``'s tables, with the changes and
+  merges each brings.
 * ``processes`` — commands run in a subprocess, and what they started (SIGTERM tests).
 * ``crash`` — the drain crash tests' CLI runs, ledger workload and log checks.
 * ``workload`` — the seeded random workload of the differential and crash tests (its ``tables``
   section: ``tables_section``).
+* ``differential`` — one seed of the differential test (:func:`run_seed`, :class:`SeedResult`), and
+  the seeds and size of its smaller variants (bucket, Spark Connect).
 * ``applied_marker`` — a table's applied LSN recorded without Spark.
 
 What is right — the oracles:

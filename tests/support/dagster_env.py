@@ -22,12 +22,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 import dagster as dg
 import pytest
+import yaml
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.execution.api import execute_run
 from dagster._core.launcher import LaunchRunContext, RunLauncher
@@ -40,6 +41,7 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
 from cdc_assets.pipeline.setup import setup
+from dagster_project.demo.run import DAGSTER_YAML
 from dagster_project.merge_sensor import MERGE_SENSOR
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
@@ -49,6 +51,8 @@ from tests.support.rows import source_rows, split_metadata
 ROOT = Path(__file__).resolve().parents[2]
 SLOT = SOURCE["slot"]
 TABLES = ("public.customers", "public.orders", "public.notes")
+MIRROR_KEYS = {t: dg.AssetKey(["delta", *t.split(".")]) for t in TABLES}
+DEMO_INSTANCE: dict[str, Any] = yaml.safe_load(DAGSTER_YAML)  # the demo's instance settings: pools, run monitoring
 ROW_FILTERS = {"public.orders": "status <> 'draft'"}
 MAINTENANCE = {"compact_min_files": 2, "purge_min_deletion_vectors": 1}  # due on these small tables
 SPARK = {
@@ -109,6 +113,27 @@ def execute(
     )
 
 
+def tick_time(minute: int) -> datetime:
+    """The tests' clock: a schedule tick ``minute`` minutes past noon of one day."""
+    return datetime(2026, 1, 5, 12, minute, tzinfo=UTC)
+
+
+def commit_each(db: Database, transactions: Iterable[Iterable[str]]) -> None:
+    """Commit each group of statements as one transaction."""
+    with db.connect() as conn:
+        for statements in transactions:
+            with conn.transaction():
+                for statement in statements:
+                    conn.execute(statement)
+
+
+def materialization(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict[str, Any]:
+    """The metadata of the run's one materialization of ``key``."""
+    events = [e for e in result.get_asset_materialization_events() if e.asset_key == key]
+    assert len(events) == 1, events
+    return {k: v.value for k, v in events[0].materialization.metadata.items()}
+
+
 @dataclass
 class SensorTick:
     """One evaluation of the merge sensor, as one table sees it."""
@@ -131,6 +156,11 @@ def sensor_reasons(message: str | None) -> dict[str, str]:
         reason, names = line.rsplit(": ", 1)
         reasons |= dict.fromkeys(names.split(", "), reason)
     return reasons
+
+
+def requested(ticks: Mapping[str, SensorTick]) -> set[str]:
+    """The tables a merge sensor tick requested runs for."""
+    return {table for table, tick in ticks.items() if tick.run_requests}
 
 
 @dataclass
@@ -172,11 +202,7 @@ class DagsterEnv:
 
     def transactions(self, *transactions: Iterable[str]) -> None:
         """Commit each group of statements as one transaction."""
-        with self.db.connect() as conn:
-            for statements in transactions:
-                with conn.transaction():
-                    for statement in statements:
-                        conn.execute(statement)
+        commit_each(self.db, transactions)
 
     # -- the schedule and the sensors, as the daemon evaluates them ---------------------------
 
@@ -231,6 +257,19 @@ class DagsterEnv:
         )
         assert result.success
         return result
+
+    def merge_requested(self, ticks: dict[str, SensorTick]) -> dict[str, dg.ExecuteInProcessResult]:
+        """Execute every run request of ``ticks``; each table's run."""
+        results = {}
+        for table, tick in ticks.items():
+            for request in tick.run_requests:
+                results[table] = self.execute_request(tick, request)
+        return results
+
+    def sync(self, minute: int) -> dict[str, dg.ExecuteInProcessResult]:
+        """A scheduled drain at :func:`tick_time` ``minute``, then the merges the sensor requests."""
+        self.run_schedule(tick_time(minute))
+        return self.merge_requested(self.evaluate_sensors())
 
     def execute(self, selection: dg.AssetSelection, **kwargs: Any) -> dg.ExecuteInProcessResult:
         self.runs += 1

@@ -16,18 +16,12 @@ _.read_only  # the same
 traceback  # apply/follower.py: a parameter of __exit__, which the context manager protocol passes
 
 # -- records: every field the message or result carries, read by the tests ------------------------
-attnum  # changelog/schema_changes.py: a captured column, as the DDL capture's JSON has it
-not_null  # the same
+not_null  # changelog/schema_changes.py: a captured column, as the DDL capture's JSON has it
 has_missing  # the same
 command_tag  # the same: the capture message's command
-_.rewrite_reasons  # the same: the rewrite's reasons in words
 reconnects  # pipeline/drain.py: DrainResult, how often a following drain reconnected
 _.reconnects  # the same
 
 # -- read by the tests only: what a test observes of a running object -------------------------------
 _.receiver_pid  # stream/reader.py: which receiving process holds the stream (its reuse across sessions)
 _.open_streams  # transactions/assembler.py: streamed transactions open in the session
-
-# -- dead, in files another change of issue 50 rewrites (apply/, changelog/): to go with it -----------
-timestamp_ms  # apply/versions.py: AppliedVersion.timestamp_ms, set and never read
-_.schema_changes  # changelog/reader.py: ChangeLogReader.schema_changes, called by tests only

@@ -380,10 +380,14 @@ def _maintain(args: argparse.Namespace, config: Config | None = None, spark: Spa
 def _sync(args: argparse.Namespace) -> int:
     from cdc_assets.apply.follower import MergeFollower
     from cdc_assets.pipeline.held_copies import HeldTableCopier, drain_with_copies
+    from cdc_assets.pipeline.online_snapshot import TableCopied
 
     config = _config(args)
     follow = config.drain.follow_seconds if args.follow is None else args.follow
-    copied = lambda done: print(f"copied again {done.summary()}", flush=True)  # noqa: E731
+
+    def copied(done: TableCopied) -> None:
+        print(f"copied again {done.summary()}", flush=True)
+
     if follow > 0:  # merge after each durable batch while the drain follows
         spark = _spark(config)
         with (
@@ -396,7 +400,12 @@ def _sync(args: argparse.Namespace) -> int:
             ) as merges,
             HeldTableCopier(config, copied) as copies,
         ):
-            _drain(args, config, on_batch=lambda _: (merges.batch_durable(), copies.batch_durable()))
+
+            def durable(_: DurableBatch) -> None:
+                merges.batch_durable()
+                copies.batch_durable()
+
+            _drain(args, config, on_batch=durable)
         spark = merges.spark
     else:
         drain_with_copies(config, lambda: _drain(args, config), copied)

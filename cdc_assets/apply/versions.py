@@ -32,7 +32,6 @@ class AppliedVersion:
 
     version: int
     applied_lsn: int | None  # None: before the first data commit
-    timestamp_ms: int  # when the version was committed
 
 
 def applied_versions(
@@ -48,7 +47,7 @@ def applied_versions(
     for commit in commits:
         recorded = _recorded_lsn(commit.get("userMetadata"))
         applied = applied if recorded is None else recorded
-        versions.append(AppliedVersion(int(commit["version"]), applied, int(commit["timestamp"])))
+        versions.append(AppliedVersion(int(commit["version"]), applied))
     return versions[::-1]
 
 

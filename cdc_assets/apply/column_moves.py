@@ -22,8 +22,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_assets.apply.spark_literals import spark_literal, sql_string
 from cdc_assets.apply.spark_types import delta_arrow_type, spark_schema, spark_type, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, backquote, sql_string
+from cdc_assets.apply.target import DeltaTarget, backquote
 from cdc_assets.changelog.column_lineage import ColumnNames, Lineage, carry_columns, copy_names
 from cdc_assets.changelog.schema_changes import TableDdl
 from cdc_assets.faults import fault_point
@@ -224,19 +225,24 @@ def _rename(target: DeltaTarget, old: str, new: str) -> None:
 def _fill(target: DeltaTarget, name: str, value: pa.Scalar) -> None:
     """Every row the table holds gets ``value`` in column ``name``, just added (one commit, not the
     data's). Only NULLs are set — every row's, as the table still holds the rows from before the
-    column: a run killed after the fill finds none left and commits nothing."""
-    rows = to_delta_arrow(pa.table({"v": pa.array([value.as_py()], value.type)}))
-    view = f"cdc_default_{uuid.uuid4().hex}"
-    target.spark.createDataFrame(rows, schema=spark_schema(rows.schema)).createTempView(view)
-    column = f"t.{backquote(name)}"
-    try:
-        (result,) = target.execute(
-            f"MERGE INTO {target.sql_name} t USING {backquote(view)} s ON true"
-            f" WHEN MATCHED AND {column} IS NULL THEN UPDATE SET {column} = s.v"
-        )
-    finally:
-        target.spark.catalog.dropTempView(view)
-    if result["num_updated_rows"]:
+    column: a run killed after the fill finds none left and commits nothing. An ``UPDATE`` with the
+    value as a literal; a value of a type without one, from a one-row view through a ``MERGE``."""
+    column = backquote(name)
+    literal = spark_literal(value.as_py(), value.type)
+    if literal is not None:
+        (result,) = target.execute(f"UPDATE {target.sql_name} SET {column} = {literal} WHERE {column} IS NULL")
+    else:
+        rows = to_delta_arrow(pa.table({"v": pa.array([value.as_py()], value.type)}))
+        view = f"cdc_default_{uuid.uuid4().hex}"
+        target.spark.createDataFrame(rows, schema=spark_schema(rows.schema)).createTempView(view)
+        try:
+            (result,) = target.execute(
+                f"MERGE INTO {target.sql_name} t USING {backquote(view)} s ON true"
+                f" WHEN MATCHED AND t.{column} IS NULL THEN UPDATE SET t.{column} = s.v"
+            )
+        finally:
+            target.spark.catalog.dropTempView(view)
+    if result["num_affected_rows"]:
         fault_point("apply-evolve")
 
 

@@ -41,8 +41,9 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc_assets.apply.spark_literals import spark_literal
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, backquote, sql_string
+from cdc_assets.apply.target import DeltaTarget, backquote
 from cdc_assets.changelog.planner import ChangePlan
 from cdc_assets.errors import CdcError
 from cdc_assets.faults import fault_point
@@ -259,23 +260,8 @@ def _key_bounds(plan: ChangePlan) -> str | None:
     if not any(test(column.type) for test in ordered) or column.null_count or not len(column):
         return None
     bounds = pc.min_max(column)
-    low, high = (_literal(bounds[end].as_py(), column.type) for end in ("min", "max"))
+    low, high = (spark_literal(bounds[end].as_py(), column.type) for end in ("min", "max"))
     return f"t.{_q(name)} >= {low} AND t.{_q(name)} <= {high}"
-
-
-_INTEGER_SUFFIX = {8: "Y", 16: "S", 32: "", 64: "L"}
-
-
-def _literal(value: object, kind: pa.DataType) -> str:
-    """A Spark SQL literal of ``value`` in the type the column has in Delta, so the comparison is
-    on the column itself (Delta's file statistics apply) rather than on a cast of it."""
-    if pa.types.is_integer(kind):
-        return f"{value}{_INTEGER_SUFFIX[kind.bit_width]}"
-    if pa.types.is_date32(kind):
-        return f"DATE'{value}'"
-    if pa.types.is_decimal(kind):
-        return f"CAST('{value}' AS DECIMAL({kind.precision}, {kind.scale}))"
-    return sql_string(str(value))
 
 
 def _merge_multiset(

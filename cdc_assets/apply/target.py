@@ -41,6 +41,7 @@ from cdc_assets.apply.column_types import (
     recorded_source_types,
     source_types_property,
 )
+from cdc_assets.apply.spark_literals import sql_string
 from cdc_assets.apply.spark_types import spark_type
 from cdc_assets.apply.table_files import data_bytes, data_files
 from cdc_assets.config import Config, TableConfig
@@ -437,8 +438,3 @@ def _without_metadata(schema: Any) -> Any:
 def backquote(name: str) -> str:
     """A name (column, path) quoted for Spark SQL."""
     return "`" + name.replace("`", "``") + "`"
-
-
-def sql_string(text: str) -> str:
-    """A Spark SQL string literal of ``text`` (backslash escapes, as Spark's parser reads them)."""
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -5,8 +5,9 @@ place, against copying the table again.
 
 A throwaway cluster gets one table of ``--rows`` rows (bigint key, int, text, timestamptz,
 numeric), set up, drained and applied once (not timed) into a local change log and a local Delta
-table, on ``spark.master local[2]``. Then ``ALTER TABLE t ADD COLUMN e int DEFAULT 7`` and one
-update, and, timed:
+table, on ``spark.master local[2]``. Then, twice each in turn (the first round warms Spark's code
+for each statement; round 2 is the figure), ``ALTER TABLE t ADD COLUMN e<n> int DEFAULT <v>`` and
+one update, and, timed:
 
 * **in place**: a drain and an apply — the DDL's message, the column added to the Delta table and
   its default filled into every row it holds (one ``MERGE … ON true``), the update merged;
@@ -60,8 +61,8 @@ def main() -> int:
             [[name, f"{r['seconds']:.1f}", f"{r['rows']:,}"] for name, r in results.items()],
         )
     )
-    ratio = results["copied again"]["seconds"] / results["in place"]["seconds"]
-    print(f"in place is {ratio:.1f}x faster than copying {args.rows:,} rows again")
+    ratio = results["copied again, round 2"]["seconds"] / results["in place, round 2"]["seconds"]
+    print(f"round 2: in place is {ratio:.1f}x faster than copying {args.rows:,} rows again")
     common.write_json(args.json, {"machine": common.machine(), "rows": args.rows, "results": results, "ratio": ratio})
     return 0
 
@@ -87,11 +88,10 @@ def run(dsn: str, work: Path, rows: int) -> dict[str, dict[str, Any]]:
         drain(config, wait=True)
         apply_tables(config, spark)
         results = {}
-        for name, ddl in (
-            ("in place", "ALTER TABLE t ADD COLUMN e int DEFAULT 7"),
-            ("copied again", "ALTER TABLE t ADD COLUMN e2 int DEFAULT 8"),
-        ):
-            conn.execute(ddl)
+        paths = [("in place", "e", "7"), ("copied again", "e", "8")] * 2  # twice each: the first warms Spark
+        for round, (name, column, default) in enumerate(paths):
+            column = f"{column}{round}"
+            conn.execute(f"ALTER TABLE t ADD COLUMN {column} int DEFAULT {default}")
             conn.execute("UPDATE t SET k = -1 WHERE id = 1")
             started = time.monotonic()
             if name == "copied again":
@@ -100,13 +100,17 @@ def run(dsn: str, work: Path, rows: int) -> dict[str, dict[str, Any]]:
             (applied,) = apply_tables(config, spark)
             seconds = time.monotonic() - started
             assert applied.skipped is None, applied.summary()
-            column = "e" if name == "in place" else "e2"
             (count, total) = spark.sql(
                 f"SELECT count(*), sum({column}) FROM delta.`{config.target_path(config.tables[0])}`"
             ).first()
             expected = conn.execute(f"SELECT count(*), sum({column}) FROM t").fetchone()
             assert (count, total) == expected, f"{name}: Delta {(count, total)}, source {expected}"
-            results[name] = {"seconds": seconds, "rows": count, "write": applied.write, "columns": applied.columns}
+            results[f"{name}, round {round // 2 + 1}"] = {
+                "seconds": seconds,
+                "rows": count,
+                "write": applied.write,
+                "columns": applied.columns,
+            }
         spark.stop()
     return results
 

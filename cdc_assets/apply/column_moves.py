@@ -34,6 +34,7 @@ from cdc_assets.pgoutput.schema import RelationSchema
 SOURCE_COLUMNS = "cdc_assets.sourceColumns"
 """The mirror's table property that holds its columns' attnums (:class:`SourceColumns`, as JSON)."""
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
+UPDATE_DELETION_VECTORS = "spark.databricks.delta.update.deletionVectors.persistent"
 
 
 @dataclass(slots=True, frozen=True)
@@ -229,8 +230,12 @@ def _fill(target: DeltaTarget, name: str, value: pa.Scalar) -> None:
     value as a literal; a value of a type without one, from a one-row view through a ``MERGE``."""
     column = backquote(name)
     literal = spark_literal(value.as_py(), value.type)
-    if literal is not None:
-        (result,) = target.execute(f"UPDATE {target.sql_name} SET {column} = {literal} WHERE {column} IS NULL")
+    if literal is not None:  # every row changes: rewriting the files beats marking each row deleted
+        target.spark.conf.set(UPDATE_DELETION_VECTORS, "false")
+        try:
+            (result,) = target.execute(f"UPDATE {target.sql_name} SET {column} = {literal} WHERE {column} IS NULL")
+        finally:
+            target.spark.conf.unset(UPDATE_DELETION_VECTORS)
     else:
         rows = to_delta_arrow(pa.table({"v": pa.array([value.as_py()], value.type)}))
         view = f"cdc_default_{uuid.uuid4().hex}"

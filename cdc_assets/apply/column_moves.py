@@ -140,7 +140,7 @@ def carry_range(
 
 def record_copy_columns(target: DeltaTarget, carried: CarriedRange, lsn: int) -> None:
     """Record the columns' attnums of a table just written from a copy, as of ``lsn`` (nothing when
-    they are not known: the copy is a compacted base)."""
+    the copy does not know them: a compacted base of a mirror set up before they were kept)."""
     if carried.names is None or not target.exists():
         return
     by_name = _fields(target)

@@ -61,6 +61,19 @@ def copy_names(chunks: Sequence[ChangeChunk]) -> ColumnNames | None:
     return None
 
 
+def with_attnums(relation: RelationSchema, names: ColumnNames | None) -> RelationSchema:
+    """``relation`` (a Relation message's columns) with the attnums of ``names`` by name — for a range
+    with no schema change since the copy whose names they are (None: as it is)."""
+    if names is None:
+        return relation
+    by_name = {name: attnum for attnum, name in names.items()}
+    columns = tuple(
+        ColumnSchema(c.name, c.type_oid, c.type_modifier, c.is_key, c.ndims, by_name.get(c.name))
+        for c in relation.columns
+    )
+    return RelationSchema(relation.relation_oid, relation.namespace, relation.name, relation.replica_identity, columns)
+
+
 def carry_columns(
     start: ColumnNames | None, chunks: Sequence[ChangeChunk], ddls: Sequence[TableDdl], relation: RelationSchema
 ) -> Lineage:

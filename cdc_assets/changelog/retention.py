@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from cdc_assets.changelog.checkpoint import Checkpoint, Folded, TableState, awaiting_copy_reason, write_checkpoint
-from cdc_assets.changelog.column_lineage import carry_columns
+from cdc_assets.changelog.column_lineage import carry_columns, copy_names, with_attnums
 from cdc_assets.changelog.compacted_base import write_base
 from cdc_assets.changelog.layout import CHECKPOINT, COPY_BATCH, MESSAGES, TRANSACTIONS, SegmentName, table_folder
 from cdc_assets.changelog.reader import ChangeLogReader, Segment
@@ -184,7 +184,7 @@ def _fold_table(
     else:
         chunks = list(reader.read_table(name, state, upto=lsn))
         ddls = reader.schema_changes_read(name, state, upto=lsn)
-        relation = chunks[-1].relation  # the columns as of ``lsn``
+        relation = with_attnums(chunks[-1].relation, copy_names(chunks))  # the columns as of ``lsn``
         if ddls:  # the records carried through the table's schema changes, by attnum
             lineage = carry_columns(None, chunks, ddls, state.relation)
             if lineage.recopy is not None or lineage.relation is None:

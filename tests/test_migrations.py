@@ -58,13 +58,14 @@ def test_each_migration_leaves_the_mirror_equal_to_its_source(pg_any: Database, 
     _migrate_each(pg_any, spark, tmp_path, capture=True)
 
 
+@pytest.mark.slow
 def test_without_ddl_capture_each_migration_is_copied_again_where_it_cannot_be_told(
-    pg: Database, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    pg_any: Database, spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With ``ddl_capture: false`` the Relation messages alone cannot tell a rename from a drop and
     an add, nor whether an added column has a default: such a migration holds the table, with a
     warning naming DDL capture, and ``sync`` copies it again — never a silent difference."""
-    _migrate_each(pg, spark, tmp_path, capture=False)
+    _migrate_each(pg_any, spark, tmp_path, capture=False)
     assert "DDL capture (`source.ddl_capture`) applies such changes in place" in caplog.text
 
 
@@ -121,6 +122,7 @@ def test_a_ddl_inside_a_transaction_with_writes_before_and_after(
         _assert_exact(pipe, session, "the transaction")
 
 
+@pytest.mark.slow
 def test_a_rewrite_is_copied_again_by_sync(pg: Database, spark: Any, tmp_path: Path) -> None:
     """``ALTER TYPE … USING`` and a volatile default rewrite the table, whose rows the stream never
     carries: the drain holds the table, ``sync`` copies it again online (no person involved) and the
@@ -149,6 +151,7 @@ def test_a_rewrite_is_copied_again_by_sync(pg: Database, spark: Any, tmp_path: P
         assert "held until" not in pipe.cli("status").stdout
 
 
+@pytest.mark.slow
 def test_an_apply_killed_at_every_step_of_a_migration_loses_and_duplicates_nothing(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:

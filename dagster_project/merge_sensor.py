@@ -42,6 +42,7 @@ from dagster_project.settings import Settings
 
 MERGE_SENSOR = "cdc_merges"
 COPY_JOB = "cdc_copy_held"
+COPY_REASON_TAG = "cdc/copy_reason"
 """Copies a table that a DDL rewrote (its partition of ``cdc/snapshot``), requested by the merge sensor."""
 NAMES_SHOWN = 10
 """A skip message names at most this many tables per reason (a tick's message is stored)."""
@@ -101,7 +102,9 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
                 continue
             if state.awaiting_copy is not None and state.copy_reason is not None:  # rewritten: copied again
                 key = f"{name}@copy:{state.awaiting_copy}"  # once per hold: Dagster skips a run key it launched
-                verdicts.append(Verdict(name, dg.RunRequest(run_key=key, job_name=COPY_JOB, partition_key=name)))
+                why = {COPY_REASON_TAG: state.copy_reason}  # shown on the run's page
+                request = dg.RunRequest(run_key=key, job_name=COPY_JOB, partition_key=name, tags=why)
+                verdicts.append(Verdict(name, request))
                 continue
             if state.awaiting_copy is not None:
                 verdicts.append(Verdict(name, reason=awaiting_copy_reason(state)))

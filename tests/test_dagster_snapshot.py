@@ -102,6 +102,7 @@ def test_a_migration_moves_the_mirror_and_a_rewrite_is_copied_by_the_sensor(env:
     tick = env.evaluate_sensors()[NOTES]
     (copy,) = tick.run_requests
     assert copy.job_name == COPY_JOB and copy.partition_key == NOTES, copy
+    assert "ALTER TABLE rewrote it (column type)" in copy.tags["cdc/copy_reason"], copy.tags
     env.execute_request(tick, copy)
     (again,) = env.evaluate_sensors()[NOTES].run_requests  # until the drain passes the copy: the same run key,
     assert again.run_key == copy.run_key  # which the daemon does not launch twice

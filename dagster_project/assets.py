@@ -242,6 +242,8 @@ def table_metadata(result: TableApplied, mirror: dict[str, dg.MetadataValue]) ->
     }
     if result.columns:
         metadata["schema_change"] = dg.MetadataValue.text(result.columns)
+    if result.copied:
+        metadata["copied"] = dg.MetadataValue.text(result.copied)
     if result.skipped:
         metadata["skipped"] = dg.MetadataValue.text(result.skipped)
     return metadata | mirror

@@ -5,6 +5,7 @@ the config shows its assets, merge job and backfill partition when the code loca
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import dagster as dg
 import pytest
 from delta.tables import DeltaTable
+from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.config import load_config
 from cdc_assets.pipeline.setup import setup
@@ -108,6 +110,8 @@ def test_a_migration_moves_the_mirror_and_a_rewrite_is_copied_by_the_sensor(env:
     assert again.run_key == copy.run_key  # which the daemon does not launch twice
     assert NOTES in env.sync(25)  # the drain records the copy: the table is due, and merged
     env.assert_delta_equals_source([NOTES])
+    (last,) = RustDeltaTable(env.path(NOTES)).history(1)
+    assert "ALTER TABLE rewrote it (column type)" in json.loads(last["userMetadata"])["cdc_assets_note"], last
 
 
 def test_a_table_added_to_the_config_appears_on_reload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

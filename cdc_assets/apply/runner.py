@@ -54,6 +54,7 @@ class TableApplied:
     data_files: int | None = None  # the table's data files after the commit
     skipped: str | None = None
     columns: str = ""  # what the source's schema changes did to the table's columns (ColumnsMoved.describe)
+    copied: str = ""  # the copy it was written from, and why (SnapshotRunRef.describe)
     elapsed_s: float = 0.0
 
     def summary(self) -> str:
@@ -63,6 +64,7 @@ class TableApplied:
             f"{self.table}: {self.records:,} change records → {self.inserted:,} inserted, {self.updated:,} updated,"
             f" {self.deleted:,} deleted{f' by {self.write}' if self.write else ''}; applied LSN {_lsn(self.applied_lsn)}, Delta version {self.delta_version}"
             f" ({self.elapsed_s:.1f} s){f'; columns: {self.columns}' if self.columns else ''}"
+            f"{f'; {self.copied}' if self.copied else ''}"
         )
 
 
@@ -220,6 +222,8 @@ def _apply_table(
     if not copied and sum(c.records.num_rows for c in carried.chunks) == 0:  # schema changes alone
         target.record_applied(lsn)
         return _finished(result, target, started)
+    if run is not None:
+        result.copied = target.note = run.describe()
     plan = plan_changes(carried.chunks, carried.relation, truncate=table.truncate)
     if table.row_filter and plan.has_unresolved:  # rows moving into the filter are not in Delta to fill from
         history = _carried_history(reader, name, state, lsn)

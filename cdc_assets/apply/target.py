@@ -66,6 +66,8 @@ CODEGEN_FACTORY = "spark.sql.codegen.factoryMode"
 SMALL_BATCH_ROWS = 10_000
 APPLIED_KEY = "cdc_assets_applied_lsn"
 """The key of a data commit's user metadata (a JSON object) that holds the LSN it applied."""
+NOTE_KEY = "cdc_assets_note"
+"""The key of a data commit's user metadata that says why it wrote the table so (a copy)."""
 METADATA_COLUMNS = (DeltaColumn.LSN, DeltaColumn.COMMIT_TIME)
 
 
@@ -150,6 +152,9 @@ class DeltaTarget:
         self.small_table_bytes = small_table_bytes
         self._snapshot: RustDeltaTable | None = None
         self._snapshot_read = False
+        self.note: str | None = None
+        """What the next data commit says in its user metadata beside its LSN (``cdc_assets_note``):
+        why the table was written the way it was, for its Delta history (a copy and its reason)."""
 
     @property
     def sql_name(self) -> str:
@@ -379,7 +384,8 @@ class DeltaTarget:
         idempotency marker: the table's recorded version stays ``lsn``.
         """
         view = f"cdc_source_{uuid.uuid4().hex}"
-        settings = {USER_METADATA: json.dumps({APPLIED_KEY: lsn}), **self.small_commit_settings(batch_rows)}
+        metadata: dict[str, object] = {APPLIED_KEY: lsn} | ({NOTE_KEY: self.note} if self.note else {})
+        settings = {USER_METADATA: json.dumps(metadata), **self.small_commit_settings(batch_rows)}
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
         conf = self.spark.conf

@@ -23,6 +23,7 @@ from typing import Any
 from cdc_assets.changelog.layout import table_folder
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.errors import CdcError
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.schema import RelationSchema
 
 SNAPSHOT_RUN_PREFIX = "cdc_assets.snapshot_run"
@@ -33,18 +34,30 @@ BASE_MARK = "-base-"  # in the name of a compacted base written by retention
 @dataclass(slots=True, frozen=True)
 class SnapshotRunRef:
     """A complete run as the log knows it: ``run`` holds the table as of ``consistent_point``; the
-    stream announced it at ``position`` (the end LSN of the announcing transaction)."""
+    stream announced it at ``position`` (the end LSN of the announcing transaction); ``reason``: why
+    the table was held for it, when it was (a rewrite, a column change the stream cannot tell)."""
 
     run: str
     consistent_point: int
     position: int
+    reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "consistent_point": self.consistent_point, "position": self.position}
+        return {
+            "run": self.run,
+            "consistent_point": self.consistent_point,
+            "position": self.position,
+            "reason": self.reason,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SnapshotRunRef:
-        return cls(str(data["run"]), int(data["consistent_point"]), int(data["position"]))
+        return cls(str(data["run"]), int(data["consistent_point"]), int(data["position"]), data.get("reason"))
+
+    def describe(self) -> str:
+        """The copy in words, for a mirror's history and metadata."""
+        why = f" after {self.reason}" if self.reason else ""
+        return f"copied again as of LSN {format_lsn(self.consistent_point)} (run {self.run}){why}"
 
 
 @dataclass(slots=True, frozen=True)

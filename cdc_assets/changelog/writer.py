@@ -347,11 +347,13 @@ class BatchWriter:
         if state is None:
             self._tables[run.table] = TableState(end_lsn, 1, run.relation, ref)
             return
+        awaiting = state.awaiting_copy
+        if awaiting is not None and run.consistent_point >= awaiting:
+            ref = replace(ref, reason=state.copy_reason)  # the hold it releases, for the mirror's history
         latest = state.snapshot_run
         if latest is not None and latest.consistent_point > run.consistent_point:
-            ref = SnapshotRunRef(latest.run, latest.consistent_point, end_lsn)
+            ref = SnapshotRunRef(latest.run, latest.consistent_point, end_lsn, latest.reason)
         newer_columns = state.last_change_lsn <= run.consistent_point and not state.relation.same_version(run.relation)
-        awaiting = state.awaiting_copy
         self._tables[run.table] = replace(
             state,
             last_change_lsn=max(state.last_change_lsn, end_lsn),

@@ -73,7 +73,7 @@ STEPS = (
     Step(("library", "history", f"{SCHEMA}.kinds"), "history-write", prepare="sync", retention_hours=1000),
     Step(("apply",), "apply-register", prepare="drain", catalog=True),
     Step(("apply",), "apply-commit", prepare="drain"),
-    Step(("apply",), "apply-evolve", prepare="add column"),
+    Step(("apply",), "apply-evolve", prepare="add column"),  # DEBUGFIRST
     Step(("apply", "--consistent"), "consistent-point", prepare="drain"),
     Step(("sync",), "after-checkpoint"),
     Step(("sync",), "apply-commit"),
@@ -179,7 +179,7 @@ def test_every_fault_point_killed_and_run_again_leaves_every_mirror_equal_to_its
         killed = walk.run(*step.command, fault=step.point)
         assert killed.returncode == -signal.SIGKILL, (
             f"step {number}: {' '.join(step.command)} did not reach {step.point} (exit {killed.returncode}):\n"
-            f"{_without_traces(killed.stderr)}"
+            f"{killed.stdout[-3000:]}{_without_traces(killed.stderr)}"
         )
         _wait_for_killed_sessions(walk.pg)
         walk.run(*_again(step.command))

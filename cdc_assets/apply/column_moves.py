@@ -139,17 +139,26 @@ def carry_range(
 
 
 def record_copy_columns(target: DeltaTarget, carried: CarriedRange, lsn: int) -> None:
-    """Record the columns' attnums of a table just written from a copy, as of ``lsn`` (nothing when
-    the copy does not know them: a compacted base of a mirror set up before they were kept)."""
-    if carried.names is None or not target.exists():
+    """Record the attnums of the columns of a table written from a copy, as of ``lsn`` (nothing when
+    the copy does not know them: a compacted base of a mirror set up before they were kept).
+
+    Called before the copy's data commit as well as after it, so that a run killed between the two
+    leaves them recorded: a table still to be created records them as it is created; an existing
+    one with its names as of its applied LSN (``before``), and physical names only once every
+    column has one (a partial map would make a column whose name is missing look added)."""
+    if carried.names is None:
+        return
+    names = carried.names
+    if not target.exists():
+        target.creation_properties[SOURCE_COLUMNS] = SourceColumns(lsn, names).to_json()
         return
     by_name = _fields(target)
-    names = carried.names
-    _record(
-        target,
-        recorded_columns(target),
-        SourceColumns(lsn, names, {a: by_name[n] for a, n in names.items() if n in by_name}),
-    )
+    physical = {a: by_name[n] for a, n in names.items() if n in by_name}
+    recorded = recorded_columns(target)
+    applied = target.applied_lsn()
+    held = None if recorded is None or applied is None or applied >= lsn else recorded.names_at(applied)
+    before = None if held is None or applied is None else (applied, held)
+    _record(target, recorded, SourceColumns(lsn, names, physical if len(physical) == len(names) else {}, before))
 
 
 def recorded_columns(target: DeltaTarget) -> SourceColumns | None:

@@ -228,6 +228,8 @@ def _apply_table(
     if table.row_filter and plan.has_unresolved:  # rows moving into the filter are not in Delta to fill from
         history = _carried_history(reader, name, state, lsn)
         plan = fill_from_history(plan, plan_changes(history.chunks, history.relation, truncate=table.truncate))
+    if copied:
+        record_copy_columns(target, carried, lsn)
     counts = write_plan(target, plan, lsn, row_filter=table.row_filter)
     if copied:
         record_copy_columns(target, carried, lsn)
@@ -276,6 +278,7 @@ def rebuild_table(
     plan = plan_changes(history.chunks, history.relation, truncate=table.truncate)
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")
+    record_copy_columns(target, history, checkpoint.lsn)
     counts = write_plan(target, plan, checkpoint.lsn, row_filter=table.row_filter, rebuild=True)
     record_copy_columns(target, history, checkpoint.lsn)
     fault_point("rebuild-commit")

@@ -155,6 +155,8 @@ class DeltaTarget:
         self.note: str | None = None
         """What the next data commit says in its user metadata beside its LSN (``cdc_assets_note``):
         why the table was written the way it was, for its Delta history (a copy and its reason)."""
+        self.creation_properties: dict[str, str] = {}
+        """Table properties a table this target creates records besides the configured ones."""
 
     @property
     def sql_name(self) -> str:
@@ -280,7 +282,11 @@ class DeltaTarget:
         """``CREATE OR REPLACE TABLE … USING delta TBLPROPERTIES (…) AS``: how this table, of
         ``relation``'s columns, is created with its first rows (call only where :meth:`exists` is
         false)."""
-        properties = {**self.table_properties, SOURCE_TYPES: source_types_property(relation)}
+        properties = {
+            **self.table_properties,
+            **self.creation_properties,
+            SOURCE_TYPES: source_types_property(relation),
+        }
         listed = ", ".join(f"{sql_string(k)} = {sql_string(v)}" for k, v in properties.items())
         return f"CREATE OR REPLACE TABLE {self.sql_name} USING delta TBLPROPERTIES ({listed}) AS"
 

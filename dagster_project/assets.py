@@ -18,8 +18,9 @@ from cdc_assets.apply.consistent_points import ConsistentPoint
 from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.apply.history import history_rows, write_history
 from cdc_assets.apply.maintenance import Maintained
-from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
+from cdc_assets.apply.runner import TableApplied, merge_table, rebuild_table
 from cdc_assets.apply.table_files import table_files
+from cdc_assets.apply.target import delta_target
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch
@@ -28,7 +29,6 @@ from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, snapshot_tables
-from cdc_assets.source.lock import TableWriteLock
 from cdc_assets.source.reconnect import connection_lost
 from dagster_project.consistent import POINT_KEY, point_metadata
 from dagster_project.lag import lag_evaluation
@@ -215,11 +215,8 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
     )
     def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
-        reader = ChangeLogReader(changelog_store(config))
-        checkpoint = reader.require_checkpoint()
         session = spark.session()
-        with TableWriteLock(config.source, name):  # the table's maintenance waits, or this waits for it
-            result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
+        result = merge_table(config, config.table(name), session)  # under the table's write lock
         context.log.info(result.summary())
         return dg.MaterializeResult(metadata=table_metadata(result, mirror_metadata(session, config, table)))
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdc_assets.apply.runner import TableApplied, apply_tables, delta_target
-from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn
+from cdc_assets.apply.runner import TableApplied, apply_tables
+from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn, delta_target
 from cdc_assets.changelog.planner import ChangePlan, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config

@@ -132,7 +132,9 @@ def _parser() -> argparse.ArgumentParser:
         " copy every table again online while the source takes writes",
         _recover,
     )
-    drain = command("drain", "drain the slot into the change log until caught up (and follow it)", _drain)
+    drain = command(
+        "drain", "drain the slot into the change log until caught up (and follow it); then retention, when due", _drain
+    )
     drain.add_argument("--wait", action="store_true", help="wait for another drain of the slot instead of failing")
     drain.add_argument(
         "--follow",
@@ -269,13 +271,25 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _drain(
-    args: argparse.Namespace, config: Config | None = None, on_batch: Callable[[DurableBatch], None] | None = None
-) -> int:
+def _drain(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _drain_log(args, config)
+    return _retain(config)
+
+
+def _retain(config: Config) -> int:
+    from cdc_assets.pipeline.retention import retain_when_due
+
+    retention = retain_when_due(config)
+    for line in retention.lines() if retention else []:
+        print(line)
+    return 0
+
+
+def _drain_log(args: argparse.Namespace, config: Config, on_batch: Callable[[DurableBatch], None] | None = None) -> int:
     from cdc_assets.changelog.stream_writer import DrainProgress
     from cdc_assets.pipeline.drain import drain
 
-    config = config or _config(args)
     progress = Progress()
 
     def show(p: DrainProgress) -> None:
@@ -299,8 +313,6 @@ def _drain(
         print(f"slot {result.slot.name}: lag {result.slot.lag_bytes:,} bytes, WAL status {result.slot.wal_status}")
     if result.held is not None and (warning := result.held.warning()) is not None:
         print(warning)
-    for line in result.retention.lines() if result.retention else []:
-        print(line)
     return 0
 
 
@@ -405,10 +417,12 @@ def _sync(args: argparse.Namespace) -> int:
                 merges.batch_durable()
                 copies.batch_durable()
 
-            _drain(args, config, on_batch=durable)
+            _drain_log(args, config, on_batch=durable)
+        _retain(config)
         spark = merges.spark
     else:
-        drain_with_copies(config, lambda: _drain(args, config), copied)
+        drain_with_copies(config, lambda: _drain_log(args, config), copied)
+        _retain(config)
         spark = _spark(config)
     _apply(args, config, spark)
     return _maintain(args, config, spark) if args.maintain else 0

@@ -22,6 +22,7 @@ from cdc_assets.apply.runner import TableApplied, merge_table, rebuild_table
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import delta_target
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.retention import RetentionResult
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch
 from cdc_assets.config import Config, TableConfig
@@ -29,6 +30,7 @@ from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import DrainResult, drain
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, snapshot_tables
+from cdc_assets.pipeline.retention import retain_when_due
 from cdc_assets.source.reconnect import connection_lost
 from dagster_project.consistent import POINT_KEY, point_metadata
 from dagster_project.lag import lag_evaluation
@@ -102,7 +104,7 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
         reports = BatchReports(context)
         if MERGES_TAG not in context.run.tags:
             result = drain(config, wait=True, progress=log, on_batch=reports)
-            return dg.MaterializeResult(metadata=drain_metadata(result))
+            return dg.MaterializeResult(metadata=drain_metadata(result, retain_when_due(config)))
         # a drain run that merges (schedule.merge_with_drain): after each durable batch, on threads of its own
         session = spark.session()
 
@@ -132,7 +134,7 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
 
         with MergeFollower(config, session, merged, published, compacted) as merges:
             result = drain(config, wait=True, progress=log, on_batch=durable)
-        return dg.MaterializeResult(metadata=drain_metadata(result))
+        return dg.MaterializeResult(metadata=drain_metadata(result, retain_when_due(config)))
 
     return changelog
 
@@ -168,7 +170,8 @@ class BatchReports:
         self._last, self._transactions, self._changes = now, 0, {}
 
 
-def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
+def drain_metadata(result: DrainResult, retention: RetentionResult | None = None) -> dict[str, dg.MetadataValue]:
+    """A drain's metadata, with what the change-log retention run after it did (if it ran)."""
     slot = result.slot
     lag = slot.lag_bytes if slot and slot.lag_bytes is not None else 0
     metadata: dict[str, dg.MetadataValue] = {
@@ -190,9 +193,8 @@ def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
             metadata["held_wal_warning"] = dg.MetadataValue.text(warning)
     for table, count in sorted(result.changes.items()):
         metadata[f"changes/{table}"] = dg.MetadataValue.int(count)
-    retention = result.retention.lines() if result.retention else []
-    if retention:
-        metadata["retention"] = dg.MetadataValue.text("\n".join(retention))
+    if retention is not None and (lines := retention.lines()):
+        metadata["retention"] = dg.MetadataValue.text("\n".join(lines))
     return metadata
 
 

@@ -104,7 +104,7 @@ class StreamWriter:
         assembler.start_session(self.writer, self.checkpoint.lsn)
         commit_seconds = self.config.drain.commit_seconds
         batch_changes = self.config.source.batch_changes
-        cut = UptoCut(self.config.source.streaming, upto) if upto is not None else None
+        cut = UptoCut(upto) if upto is not None else None
         position = self.checkpoint.lsn  # every transaction that committed before it has been received
         caught_up = reached = False
         fed = 0  # messages in the open batch

@@ -101,7 +101,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cdc_assets.changelog",),
     ("cdc_assets.apply",),
     ("cdc_assets.pipeline",),
-    ("cdc_assets.cli", "cdc_assets.__main__"),
+    ("cdc_assets.console", "cdc_assets.cli", "cdc_assets.__main__"),
     ("dagster_project",),
 )
 

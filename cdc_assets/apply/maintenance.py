@@ -54,6 +54,10 @@ class Maintained:
     vacuumed_files: int | None = None  # files VACUUM deleted (None: not run, or not reported)
     elapsed_s: float = 0.0
     skipped: str | None = None
+    kind: str = "maintained"  # "compacted": a following drain's compaction (compact_table)
+
+    def lines(self) -> list[str]:
+        return [f"{self.kind} {self.summary()}"]
 
     def summary(self) -> str:
         if self.skipped or self.before is None or self.after is None:
@@ -152,7 +156,7 @@ def compact_table(mirror: Mirror) -> Maintained:
         purge_min_deletion_vectors=0,
         vacuum_retention_hours=0,
     )
-    return maintain_table(mirror.target, only, mirror.name, _first_key_column(mirror))
+    return replace(maintain_table(mirror.target, only, mirror.name, _first_key_column(mirror)), kind="compacted")
 
 
 def _first_key_column(mirror: Mirror) -> str | None:

@@ -58,6 +58,9 @@ class TableApplied:
     columns: str = ""  # what the source's schema changes did to the table's columns (ColumnsMoved.describe)
     elapsed_s: float = 0.0
 
+    def lines(self) -> list[str]:
+        return [self.summary()]
+
     def summary(self) -> str:
         if self.skipped:
             return f"{self.table}: {self.skipped} (applied LSN {_lsn(self.applied_lsn)})"

@@ -55,6 +55,9 @@ class Gap:
         """Whether some transaction ending in ``(low, high]`` may have ended inside the gap."""
         return low < self.slot_point and self.lost_after < high
 
+    def lines(self) -> list[str]:
+        return [f"recover: {self.describe()}"]
+
     def describe(self) -> str:
         """One line: what was lost, and where the new slot starts."""
         return (

@@ -17,6 +17,7 @@ from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.faults import fault_point
 from cdc_assets.interrupts import interrupts_deferred
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.protocol import MSG_COMMIT, MSG_PREPARE
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.reader import SlotStream
@@ -39,6 +40,13 @@ class DrainProgress:
     checkpoint_lsn: int
     target_lsn: int
     elapsed_s: float
+
+    def line(self) -> str:
+        rate = self.changes / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return (
+            f"batch {self.batches}: {self.transactions:,} transactions, {self.changes:,} changes ({rate:,.0f}/s),"
+            f" checkpoint {format_lsn(self.checkpoint_lsn)} of {format_lsn(self.target_lsn)}"
+        )
 
 
 @dataclass(slots=True)

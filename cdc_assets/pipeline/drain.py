@@ -62,6 +62,19 @@ class DrainResult(Written):
     held: HeldWal | None = None  # the WAL the slot holds behind restart_lsn, and what pins it
     elapsed_s: float = 0.0
 
+    def lines(self) -> list[str]:
+        """What was drained, per table; the slot's lag; a warning about the WAL it holds."""
+        out = [
+            f"drained {self.transactions:,} transactions, {self.total_changes:,} changes in {self.batches} batches"
+            f" ({self.elapsed_s:.1f} s); checkpoint {format_lsn(self.start_lsn)} -> {format_lsn(self.checkpoint_lsn)}"
+        ]
+        out += [f"  {table}: {count:,} changes" for table, count in sorted(self.changes.items())]
+        if self.slot is not None and self.slot.lag_bytes is not None:
+            out.append(f"slot {self.slot.name}: lag {self.slot.lag_bytes:,} bytes, WAL status {self.slot.wal_status}")
+        if self.held is not None and (warning := self.held.warning()) is not None:
+            out.append(warning)
+        return out
+
 
 def drain(
     config: Config,

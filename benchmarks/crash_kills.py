@@ -12,7 +12,7 @@ INDEX, keyless, a row filter, truncates, prepared and large transactions) and :d
 ``numeric(10,2)``), an array of a domain, ranges (``int4range``, ``tstzrange``), a composite (with a
 ``text[]`` field), an enum and an array of it. A writer thread runs both at ``--rate`` operations
 per second for the whole run. The pipeline: ``changelog.retention_hours: 0``, ``fold_min_share: 0``
-(retention folds at every drain), ``compact_min_files: 2``, ``purge_min_deletion_vectors: 1``
+(retention folds after every drain), ``compact_min_files: 2``, ``purge_min_deletion_vectors: 1``
 (maintenance due after almost every merge), ``small_table_mb: 0``, ``source.batch_changes: 500``,
 and ``spark.remote``: every command talks to one ``cdc-assets spark-server`` started here, so no
 command pays a JVM start.
@@ -670,7 +670,7 @@ def main() -> int:
             work,
             tables_section(workload.tables) | {typed.name: {}},
             source={"publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 500},
-            changelog={"retention_hours": 0, "fold_min_share": 0},
+            changelog={"retention_hours": 0, "retention_every_minutes": 0, "fold_min_share": 0},
             warehouse={"maintenance": MAINTENANCE, "small_table_mb": 0},
             spark={"remote": address},
         )

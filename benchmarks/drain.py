@@ -16,7 +16,7 @@ rate: ``pgbench -i``, then ``cdc_assets.pipeline.setup.setup`` of one slot and c
           whole command (process start, connection, the server's decoding, the transfer);
         * ``cdc_assets.pipeline.drain.drain(config)`` of the other slot, timed as a whole call (lock,
           connections, checks, the stream and its receiving child, assembling, Parquet,
-          checkpoints, confirmations, retention). The receiving child process is already started
+          checkpoints, confirmations). The receiving child process is already started
           (the count pass leaves it idle in ``cdc_assets.stream.process.POOL``), as in every drain of
           a long-running process after its first;
       the two go first in turn (even rounds pg_recvlogical, odd rounds the drain), and each round
@@ -223,7 +223,7 @@ PHASES = {
     "checkpoint": "write_checkpoint",
     "confirm": "SlotStream.confirm (the flushed position to the child)",
     "stop": "SlotStream.stop (CopyDone, the server lets the slot go)",
-    "other": "other (lock, connections, checks, batch splitting, retention, ...)",
+    "other": "other (lock, connections, checks, batch splitting, ...)",
 }
 
 

@@ -10,7 +10,8 @@ back to ``--from-version``, then every later commit of the original is replayed 
 ``apply_table`` up to the LSN that commit applied, so each replayed MERGE takes the same batch as
 the original did, on a classic ``local[2]`` session with the run's Spark settings plus ``--conf``
 (``--remote``: on a session of that Spark Connect server, e.g. a ``cdc-assets spark-server``).
-No PostgreSQL is needed. Printed per merge: its wall time, Delta's ``executionTimeMs``, rows
+No PostgreSQL is needed: the copy has no other writer, so the merges run on a mirror made here
+rather than opened under the table's write lock on the source. Printed per merge: its wall time, Delta's ``executionTimeMs``, rows
 updated, files added and deletion vectors written; then the medians of the merges after the first
 ten (the JIT's warm-up): the wall time, and the time outside Delta's execution of the statement
 (the client's reads of the log and the change log, planning, round trips). Compare two settings
@@ -26,6 +27,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.runner import apply_table
 from cdc_assets.apply.session import spark_session
-from cdc_assets.apply.target import APPLIED_KEY
+from cdc_assets.apply.target import APPLIED_KEY, delta_target
+from cdc_assets.apply.write_path import Mirror
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
@@ -96,12 +99,14 @@ def main() -> int:
     if not args.remote:
         spark.sparkContext.setLogLevel("FATAL")  # Delta logs a benign ERROR per scan of a table with deletion vectors
     reader = ChangeLogReader(changelog_store(config))
+    checkpoint = reader.require_checkpoint()
     table = config.table(args.table)
     print(f"replaying {len(targets)} merges of {args.table} from version {args.from_version} in {replay}")
     times, outside = [], []
     for number, lsn in enumerate(targets):
         started = time.perf_counter()
-        applied = apply_table(config, table, spark, reader, lsn)
+        mirror = Mirror(config, table, delta_target(config, table, spark), reader, replace(checkpoint, lsn=lsn))
+        applied = apply_table(mirror)
         times.append(time.perf_counter() - started)
         last = RustDeltaTable(str(replay / "warehouse" / schema / name)).history(1)[0]
         metrics = last.get("operationMetrics", {})

@@ -12,7 +12,8 @@ warehouse, both set up with ``cdc_assets.pipeline.setup.setup`` and applied on o
   APPLY (PURGE) when due, VACUUM with the 7-day default) every ``--maintain-every`` cycles — at one
   cycle per 5 minutes that is hourly, the default schedule — and ``changelog.retention_hours``
   ``--retention-hours`` (the time scale of the run: the default 7 days would keep every file of a
-  run this short), applied at the end of each drain;
+  run this short), run after each drain (``retention_every_minutes: 0``: due every time, as
+  retention at the end of each drain was when the figures were taken);
 * ``bare``: no maintenance and no retention (``changelog.retention_hours`` longer than the run),
   for the first ``--bare-cycles`` cycles only (its slot is dropped then): enough to show the
   growth, and its merges, slower cycle by cycle, would otherwise take most of the run's time;
@@ -68,6 +69,7 @@ from cdc_assets.apply.table_files import table_files
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.parity import Parity, verify_table
+from cdc_assets.pipeline.retention import retain_when_due
 from cdc_assets.pipeline.setup import setup
 
 TABLE = "public.soak"
@@ -132,7 +134,11 @@ def write_config(folder: Path, dsn: str, name: str, retention_hours: float, spar
     folder.mkdir(parents=True, exist_ok=True)
     document = {
         "source": {"dsn": dsn, "publication": PUBLICATION, "slot": f"soak_{name}"},
-        "changelog": {"path": str(folder / "changelog"), "retention_hours": retention_hours},
+        "changelog": {
+            "path": str(folder / "changelog"),
+            "retention_hours": retention_hours,
+            "retention_every_minutes": 0,
+        },
         "warehouse": {"path": str(folder / "warehouse")},
         "spark": {"conf": spark_conf},
         "tables": {TABLE: {}},
@@ -208,6 +214,7 @@ class JvmGauges:
 def one_cycle(spark: Any, pipeline: Pipeline, cycle: int, args: argparse.Namespace) -> dict[str, Any]:
     config = pipeline.config
     drained = drain(config)
+    retain_when_due(config)
     gauges = JvmGauges(spark)
     jvm_cpu, gc, jit, python_cpu = gauges.cpu_s(), gauges.gc_s(), gauges.jit_s(), time.process_time()
     started = time.perf_counter()

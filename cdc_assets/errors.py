@@ -116,11 +116,26 @@ class TableRewrittenError(SourceError):
     MVCC-safe: the snapshot would read the table as empty, so the copy must start again."""
 
 
-class SlotMissingError(SourceError):
+class LostPositionError(SourceError):
+    """The slot, or its server, is lost to the change log: what only ``cdc-assets recover`` resolves.
+
+    ``reason`` says in a few words what happened (recover records it in the gap); ``detail`` what it
+    means and what to do. The message is both."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(reason, detail)
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+class SlotMissingError(LostPositionError):
     """The configured replication slot does not exist."""
 
 
-class SlotInvalidatedError(SourceError):
+class SlotInvalidatedError(LostPositionError):
     """The server invalidated the slot (``wal_status = 'lost'``): changes after it are gone."""
 
 
@@ -132,7 +147,7 @@ class SlotActiveError(SourceError):
     """Another session (a walsender or a second reader) is using the slot right now."""
 
 
-class ServerMismatchError(SourceError):
+class ServerMismatchError(LostPositionError):
     """``source.dsn`` reaches another cluster than the change log was read from, or a server whose
     timeline history does not continue the log's (a promotion that lost what the log holds)."""
 
@@ -142,7 +157,7 @@ class StandbyWaitError(SourceError):
     have the WAL, and they do not come."""
 
 
-class SlotGapError(SourceError):
+class SlotGapError(LostPositionError):
     """The slot is ahead of the change log: changes between the two positions are lost."""
 
 

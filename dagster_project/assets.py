@@ -9,26 +9,30 @@ Pools keep one drain per slot and one writer per Delta table at a time (set the 
 """
 
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
+from functools import cache
 
 import dagster as dg
 from dagster import AssetExecutionContext
+from pyspark.sql import SparkSession
 
 from cdc_assets.apply.consistent_points import ConsistentPoint
-from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.apply.history import history_rows, write_history
-from cdc_assets.apply.maintenance import Maintained
-from cdc_assets.apply.runner import TableApplied, apply_table, delta_target, rebuild_table
+from cdc_assets.apply.runner import TableApplied, merge_table, rebuild_table
 from cdc_assets.apply.table_files import table_files
+from cdc_assets.apply.target import delta_target
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.retention import RetentionResult
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
-from cdc_assets.pipeline.drain import DrainResult, drain
+from cdc_assets.pipeline.drain import DrainResult
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, snapshot_tables
-from cdc_assets.source.lock import TableWriteLock
+from cdc_assets.pipeline.sync import DRAIN_ONLY, Described, sync
 from cdc_assets.source.reconnect import connection_lost
 from dagster_project.consistent import POINT_KEY, point_metadata
 from dagster_project.lag import lag_evaluation
@@ -91,26 +95,33 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
         logged = [-PROGRESS_INTERVAL_S]
 
         def log(progress: DrainProgress) -> None:  # a line every PROGRESS_INTERVAL_S at most: a run follows for hours
-            if progress.elapsed_s - logged[0] < PROGRESS_INTERVAL_S:
-                return
-            logged[0] = progress.elapsed_s
-            context.log.info(
-                f"batch {progress.batches}: {progress.transactions:,} transactions, {progress.changes:,} changes,"
-                f" checkpoint {format_lsn(progress.checkpoint_lsn)} of {format_lsn(progress.target_lsn)}"
-            )
+            if progress.elapsed_s - logged[0] >= PROGRESS_INTERVAL_S:
+                logged[0] = progress.elapsed_s
+                context.log.info(progress.line())
 
-        reports = BatchReports(context)
-        if MERGES_TAG not in context.run.tags:
-            result = drain(config, wait=True, progress=log, on_batch=reports)
-            return dg.MaterializeResult(metadata=drain_metadata(result))
-        # a drain run that merges (schedule.merge_with_drain): after each durable batch, on threads of its own
-        session = spark.session()
+        session = cache(spark.session)  # started by a run that merges (schedule.merge_with_drain) only
+        steps = replace(DRAIN_ONLY, merge=MERGES_TAG in context.run.tags)
+        report = drain_run_report(context, config, session)
+        result = sync(config, session, steps, wait=True, report=report, progress=log, on_batch=BatchReports(context))
+        return dg.MaterializeResult(metadata=drain_metadata(result.drains[0], result.retention))
 
-        def merged(applied: TableApplied) -> None:
-            context.log.info(applied.summary())
-            table = config.table(applied.table)
+    return changelog
+
+
+def drain_run_report(
+    context: AssetExecutionContext, config: Config, session: Callable[[], SparkSession]
+) -> Callable[[Described], None]:
+    """What a drain run does with each result of its sync: logs its lines; records a merge (a run
+    that merges) as a materialization of the table's mirror with its ``lag`` check's evaluation, and
+    a consistent point as a materialization of ``cdc/consistent_point``."""
+
+    def report(result: Described) -> None:
+        for line in result.lines():
+            context.log.info(line)
+        if isinstance(result, TableApplied):
+            table = config.table(result.table)
             key = mirror_key(table)
-            metadata = table_metadata(applied, mirror_metadata(session, config, table))
+            metadata = table_metadata(result, mirror_metadata(session(), config, table))
             context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
             try:
                 context.log_event(lag_evaluation(config, table, key))
@@ -118,23 +129,10 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
                 if not connection_lost(error):
                     raise
                 context.log.warning(f"lag check of {table.name} skipped: {error}")  # the source is restarting
+        elif isinstance(result, ConsistentPoint):
+            context.log_event(dg.AssetMaterialization(asset_key=POINT_KEY, metadata=point_metadata(config, result)))
 
-        def published(point: ConsistentPoint) -> None:
-            context.log.info(f"consistent point {point.summary()}")
-            context.log_event(dg.AssetMaterialization(asset_key=POINT_KEY, metadata=point_metadata(config, point)))
-
-        def compacted(result: Maintained) -> None:
-            context.log.info(f"compacted {result.summary()}")
-
-        def durable(batch: DurableBatch) -> None:
-            reports(batch)
-            merges.batch_durable()
-
-        with MergeFollower(config, session, merged, published, compacted) as merges:
-            result = drain(config, wait=True, progress=log, on_batch=durable)
-        return dg.MaterializeResult(metadata=drain_metadata(result))
-
-    return changelog
+    return report
 
 
 class BatchReports:
@@ -168,7 +166,8 @@ class BatchReports:
         self._last, self._transactions, self._changes = now, 0, {}
 
 
-def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
+def drain_metadata(result: DrainResult, retention: RetentionResult | None = None) -> dict[str, dg.MetadataValue]:
+    """A drain's metadata, with what the change-log retention run after it did (if it ran)."""
     slot = result.slot
     lag = slot.lag_bytes if slot and slot.lag_bytes is not None else 0
     metadata: dict[str, dg.MetadataValue] = {
@@ -190,9 +189,8 @@ def drain_metadata(result: DrainResult) -> dict[str, dg.MetadataValue]:
             metadata["held_wal_warning"] = dg.MetadataValue.text(warning)
     for table, count in sorted(result.changes.items()):
         metadata[f"changes/{table}"] = dg.MetadataValue.int(count)
-    retention = result.retention.lines() if result.retention else []
-    if retention:
-        metadata["retention"] = dg.MetadataValue.text("\n".join(retention))
+    if retention is not None and (lines := retention.lines()):
+        metadata["retention"] = dg.MetadataValue.text("\n".join(lines))
     return metadata
 
 
@@ -215,11 +213,8 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
     )
     def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
         config = source.config()
-        reader = ChangeLogReader(changelog_store(config))
-        checkpoint = reader.require_checkpoint()
         session = spark.session()
-        with TableWriteLock(config.source, name):  # the table's maintenance waits, or this waits for it
-            result = apply_table(config, config.table(name), session, reader, checkpoint.lsn)
+        result = merge_table(config, config.table(name), session)  # under the table's write lock
         context.log.info(result.summary())
         return dg.MaterializeResult(metadata=table_metadata(result, mirror_metadata(session, config, table)))
 

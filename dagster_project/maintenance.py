@@ -4,8 +4,9 @@ outputs of one subsettable multi-asset, and one schedule (``warehouse.maintenanc
 maintains every table in one run — a run per table would cost hundreds of Dagster runs an hour.
 
 Each asset sits in the ``mirror`` group beside the table's mirror asset, which it depends on. A
-table's maintenance and its merges (the mirror's runs, a following drain's) take the table's write
-lock on the source (``TableWriteLock``): the second waits, so neither loses a Delta conflict.
+table's maintenance and its merges (the mirror's runs, a following drain's) write it through the
+one write path, which holds the table's write lock on the source
+(``cdc_assets.apply.write_path``): the second waits, so neither loses a Delta conflict.
 """
 
 from collections.abc import Iterator

@@ -28,10 +28,9 @@ import pytest
 from cdc_assets.apply.column_types import ColumnTypeError
 from cdc_assets.apply.merge import _key_bounds, write_plan
 from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
-from cdc_assets.apply.runner import delta_target
 from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
 from cdc_assets.apply.table_files import table_files
-from cdc_assets.apply.target import CODEGEN_FACTORY, MERGE_DELETION_VECTORS, SMALL_BATCH_ROWS
+from cdc_assets.apply.target import CODEGEN_FACTORY, MERGE_DELETION_VECTORS, SMALL_BATCH_ROWS, delta_target
 from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn

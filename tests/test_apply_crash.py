@@ -5,7 +5,8 @@ checkpoint as its applied LSN, and so must every table rebuilt from the compacte
 (docs/architecture.md, "Invariants": ≥ 6 kill points in the suite, 20 on demand; 0 mismatches, both readers agree).
 
 * Retention and maintenance: ``changelog.retention_hours: 0`` with ``fold_min_share: 0`` folds every
-  segment all tables have applied into the tables' compacted bases at the end of each drain, and the maintenance
+  segment all tables have applied into the tables' compacted bases after each drain (``retention_every_minutes:
+  0``: retention is due whenever ``sync`` runs it), and the maintenance
   thresholds (``compact_min_files: 2``, ``purge_min_deletion_vectors: 1``) make OPTIMIZE and the
   deletion-vector purge due after almost every merge; VACUUM runs each time (it deletes nothing:
   Delta's retention check keeps files a week).
@@ -106,7 +107,7 @@ def write_crash_config(folder: Path, tables: list[str]) -> Path:
         folder,
         tables_section(tables),
         source={"publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 2000},
-        changelog={"path": "./changelog", "retention_hours": 0, "fold_min_share": 0},
+        changelog={"path": "./changelog", "retention_hours": 0, "retention_every_minutes": 0, "fold_min_share": 0},
         warehouse={"path": "./warehouse", "maintenance": MAINTENANCE, "small_table_mb": 0},
         spark={"master": "local[2]", "conf": SPARK_CONF},
     )

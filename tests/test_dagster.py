@@ -41,11 +41,13 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
 from dagster._serdes import serialize_value
 from delta.tables import DeltaTable
 
+from cdc_assets.apply.runner import rebuild_table
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import load_config
 from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
+from cdc_assets.pipeline.drain import drain
 from cdc_assets.source import DrainLock
 from cdc_assets.source.lock import TableWriteLock
 from dagster_project.assets import CHANGELOG_KEY, HISTORY_START, REBUILD_KEY, history_key, history_path
@@ -644,6 +646,59 @@ def test_maintenance_compacts_a_table_beside_its_mirror_under_its_write_lock(env
     assert metadata["applied_lsn"] == format_lsn(applied) == format_lsn(env.applied(CUSTOMERS))  # type: ignore[arg-type]
     env.assert_delta_equals_source()
     assert all(not tick.run_requests for tick in env.evaluate_sensors().values())  # nothing to merge again
+
+
+@pytest.mark.slow
+def test_an_apply_a_maintenance_run_and_a_rebuild_of_one_table_wait_for_each_other(env: DagsterEnv, spark: Any) -> None:
+    """One write path ("One write path" in docs/architecture.md): a CLI ``apply`` (a process of its
+    own), a Dagster maintenance run and a rebuild of one table, started together while the source
+    takes writes and drains move the checkpoint, each wait for the table's write lock (held here
+    until all three wait for it), then write one after the other: all three succeed, none loses a
+    Delta conflict, and the table equals its source."""
+    env.sync(57)
+    config = env.config()
+    table = config.table(CUSTOMERS)
+    stop = threading.Event()
+    written = [0]
+
+    def write_and_drain() -> None:
+        while not stop.is_set():
+            written[0] += 1
+            env.transactions(
+                [f"UPDATE public.customers SET tier = 'gold {written[0]}' WHERE id = {1 + written[0] % 5}"],
+                [f"INSERT INTO public.customers VALUES ({1000 + written[0]}, 'new {written[0]}', 'bronze', NULL)"],
+            )
+            drain(config, wait=True)
+
+    apply = None
+    with ThreadPoolExecutor(3) as pool:
+        writing = pool.submit(write_and_drain)
+        try:
+            wait_until(lambda: written[0] >= 2, timeout=120, what="writes drained")
+            with TableWriteLock(config.source, CUSTOMERS):  # every writer of the table waits for this one
+                apply = subprocess.Popen(
+                    [sys.executable, "-m", "cdc_assets", "apply", "-c", str(env.config_path)],
+                    env={**os.environ, DSN_VARIABLE: env.db.dsn},
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                maintained = pool.submit(env.execute, dg.AssetSelection.assets(maintenance_key(table)))
+                rebuilt = pool.submit(rebuild_table, config, table, spark.newSession())
+                wait_until(lambda: advisory_waiters(env.db) == 3, timeout=300, what="the three writers waiting")
+            out, err = apply.communicate(timeout=600)
+            result, rebuild = maintained.result(timeout=600), rebuilt.result(timeout=600)
+        finally:
+            stop.set()
+            writing.result(timeout=120)
+            if apply is not None and apply.poll() is None:
+                apply.kill()
+    assert apply.returncode == 0, err
+    assert any(line.startswith(f"{CUSTOMERS}: ") for line in out.splitlines()), out
+    assert result.success and materialization(result, maintenance_key(table))["steps"]
+    assert rebuild.table == CUSTOMERS and rebuild.applied_lsn is not None
+    env.sync(58)
+    env.assert_delta_equals_source()
 
 
 # -- 7. pools and the run queue --------------------------------------------------------------------

@@ -1019,7 +1019,7 @@ def test_a_drain_up_to_an_lsn_stops_before_the_first_transaction_ending_after_it
     rows.add(BeginMessage(final_lsn=rows.lsn + 2 * LSN_STEP, commit_time_us=T0_US, xid=701), insert(3, "c"))
     rows.commit(701)
     (block,) = rows.blocks()
-    head, reached = UptoCut("on", upto).head(block)
+    head, reached = UptoCut(upto).head(block)
     assert reached and len(head) == cut_at
-    head, reached = UptoCut("on", rows.lsn + 1).head(block)
+    head, reached = UptoCut(rows.lsn + 1).head(block)
     assert not reached and len(head) == len(block)

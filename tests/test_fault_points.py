@@ -113,7 +113,7 @@ class Walk:
             self.folder,
             tables_section(TABLES),
             source={"publication": f"{SLOT}_pub", "slot": SLOT, "batch_changes": 200},
-            changelog={"retention_hours": step.retention_hours, "fold_min_share": 0},
+            changelog={"retention_hours": step.retention_hours, "retention_every_minutes": 0, "fold_min_share": 0},
             warehouse={
                 "maintenance": step.maintenance,
                 "small_table_mb": 0,

@@ -45,6 +45,18 @@ def test_no_module_of_the_library_imports_dagster_or_the_sandbox() -> None:
     assert not found, "\n".join(found)
 
 
+def test_every_writer_of_a_mirror_goes_through_the_write_path() -> None:
+    """Only ``apply/write_path.py`` takes a mirror's write lock (docs/architecture.md, "One write
+    path"): every other writer opens the mirror there."""
+    takers = sorted(
+        str(path.relative_to(ROOT))
+        for package in ("cdc_assets", "dagster_project")
+        for path in (ROOT / package).rglob("*.py")
+        if any(name.endswith(".TableWriteLock") for _, name in absolute_imports(path))
+    )
+    assert takers == ["cdc_assets/apply/write_path.py"], takers
+
+
 def test_importing_every_library_module_loads_no_dagster() -> None:
     """Also what the library imports indirectly (a module found by name at run time, say)."""
     script = (
@@ -89,7 +101,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cdc_assets.changelog",),
     ("cdc_assets.apply",),
     ("cdc_assets.pipeline",),
-    ("cdc_assets.cli", "cdc_assets.__main__"),
+    ("cdc_assets.console", "cdc_assets.cli", "cdc_assets.__main__"),
     ("dagster_project",),
 )
 

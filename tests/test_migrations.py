@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from deltalake import DeltaTable
 
-from cdc_assets.apply.runner import TableApplied, apply_tables
+from cdc_assets.apply.runner import TableApplied
 from cdc_assets.faults import ENV as FAULT_ENV
-from cdc_assets.pipeline.held_copies import drain_with_copies
+from cdc_assets.pipeline.sync import sync
 from tests.support.database import Database
 from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.pipeline import Pipeline, wait_until
@@ -40,9 +40,8 @@ MIGRATIONS = [
 
 
 def _applied(pipe: Pipeline, spark: Any) -> TableApplied:
-    """What ``sync`` does: drain (copying the tables held for a copy), then apply."""
-    drain_with_copies(pipe.config(), pipe.drain)
-    (applied,) = apply_tables(pipe.config(), spark)
+    """``sync``: drain (copying the tables held for a copy), retention when due, then apply."""
+    (applied,) = sync(pipe.config(), lambda: spark, wait=True).applied
     return applied
 
 
@@ -147,7 +146,7 @@ def test_a_rewrite_is_copied_again_by_sync(pg: Database, spark: Any, tmp_path: P
         status = pipe.cli("status").stdout
         assert "rewrote it" in status and "`cdc-assets sync` copies it" in status, status
         synced = pipe.cli("sync")
-        assert synced.returncode == 0 and f"copied again {TABLE}" in synced.stdout, synced.stdout + synced.stderr
+        assert synced.returncode == 0 and f"copied {TABLE}" in synced.stdout, synced.stdout + synced.stderr
         _assert_exact(pipe, spark, ddl)
         assert "held until" not in pipe.cli("status").stdout
 

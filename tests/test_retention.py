@@ -5,13 +5,16 @@ behind keeps its segments, ``status`` says how much it holds, and it catches up 
 killed between writing the base and deleting the segments leaves a correct log.
 
 ``changelog.retention_hours: 0`` makes every applied segment old enough, so nothing waits for time,
-and ``fold_min_share: 0`` writes a base whenever changes are folded (one test sets the fold policy).
+``retention_every_minutes: 0`` makes retention due whenever it is run (after each drain here, as the
+commands run it), and ``fold_min_share: 0`` writes a base whenever changes are folded (one test sets
+the fold policy).
 Without Spark, a table's applied LSN is written into its Delta log by delta-rs (the idempotent-write
 marker the apply records, on a Delta table of no rows): retention reads nothing else of it. The one
 test of real merges (a held table catching up, a rebuild from a base) uses Spark and is slow."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,10 +23,15 @@ import pytest
 
 from cdc_assets.apply.history import HistoryGoneError, history_rows
 from cdc_assets.apply.runner import rebuild_table
+from cdc_assets.changelog.checkpoint import write_checkpoint
+from cdc_assets.changelog.retention import RetentionResult
 from cdc_assets.changelog.snapshot_runs import is_base
+from cdc_assets.changelog.store import changelog_store
 from cdc_assets.errors import CdcError
 from cdc_assets.pipeline.online_snapshot import CopyProgress, snapshot_tables
+from cdc_assets.pipeline.retention import retain_when_due
 from cdc_assets.pipeline.status import read_status
+from cdc_assets.source import DrainLock
 from dagster_project.assets import drain_metadata
 from tests.support.applied_marker import mark_applied
 from tests.support.commit_time import commit_at
@@ -80,8 +88,19 @@ def bases(pipe: Pipeline, table: str) -> list[str]:
     return sorted(p.name for p in (Path(pipe.changelog) / "snapshots" / table).glob("*") if is_base(p.name))
 
 
+EVERY_RUN = {"retention_every_minutes": 0}  # retention due whenever it is run
+
+
 def retained(pg: Database, tmp_path: Path, tables: list[str]) -> Pipeline:
-    return Pipeline(pg, tmp_path, tables, changelog_settings={"retention_hours": 0, "fold_min_share": 0})
+    return Pipeline(pg, tmp_path, tables, changelog_settings={"retention_hours": 0, "fold_min_share": 0} | EVERY_RUN)
+
+
+def drained(pipe: Pipeline, **kwargs: Any) -> RetentionResult:
+    """A drain, then change-log retention (due: it runs)."""
+    drained = pipe.drain(**kwargs)
+    retention = pipe.retain()
+    assert retention is not None, drained
+    return retention
 
 
 def kinds_drained(pg: Database, tmp_path: Path) -> Pipeline:
@@ -103,8 +122,9 @@ def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: 
         mark_applied(pipe.config(), table, applied)
     for round_ in (2, 3):
         change_kinds(pg, round_)
-        result = pipe.drain(wait=True)
-        assert result.retention is not None
+        drain = pipe.drain(wait=True)
+        retention = pipe.retain()
+        assert retention is not None
         pipe.assert_mirrors()
         checkpoint = pipe.checkpoint()
         assert checkpoint is not None
@@ -118,19 +138,55 @@ def test_retention_folds_what_every_table_applied_and_the_log_still_replays(pg: 
         applied = checkpoint_lsn(pipe)
         for table in KINDS:
             mark_applied(pipe.config(), table, applied)
-    folded = {t.table: t for t in result.retention.tables}
-    assert all(folded[t].removed_segments and folded[t].base for t in KINDS), result.retention
-    assert "compacted base" in drain_metadata(result)["retention"].value  # the Dagster drain asset's
+    assert retention is not None
+    folded = {t.table: t for t in retention.tables}
+    assert all(folded[t].removed_segments and folded[t].base for t in KINDS), retention
+    assert "compacted base" in drain_metadata(drain, retention)["retention"].value  # type: ignore[operator]  # the Dagster drain asset's
     state = pipe.checkpoint().tables["public.k"]  # type: ignore[union-attr]
     with pytest.raises(HistoryGoneError, match=r"the history of public.k for .* is gone"):
         history_rows(pipe.reader, "public.k", state, datetime.now(UTC).date())
+
+
+def test_retention_runs_when_due_under_the_drain_lock(pg: Database, tmp_path: Path) -> None:
+    """``changelog.retention_every_minutes``: retention runs when it never ran or last ran that long
+    ago (the checkpoint records when), not while a drain holds the log, and never inside a drain."""
+    create_kinds(pg)
+    settings = {"retention_hours": 0, "fold_min_share": 0, "retention_every_minutes": 60}
+    pipe = Pipeline(pg, tmp_path, KINDS, changelog_settings=settings)
+    pipe.setup()
+    change_kinds(pg, 1)
+    pipe.drain()
+    assert retained_at(pipe) is None  # the drain folds nothing itself
+    for table in KINDS:
+        mark_applied(pipe.config(), table, checkpoint_lsn(pipe))
+    first = pipe.retain()
+    assert first is not None and all(t.removed_segments for t in first.tables), first
+    ran = retained_at(pipe)
+    assert ran is not None
+    change_kinds(pg, 2)
+    pipe.drain()
+    assert pipe.retain() is None and retained_at(pipe) == ran  # not due
+    checkpoint = pipe.checkpoint()
+    assert checkpoint is not None
+    write_checkpoint(changelog_store(pipe.config()), replace(checkpoint, retained_at_us=ran - 61 * 60_000_000))
+    with DrainLock(pipe.config().source, wait=False):  # a drain holds the log: retention is left for later
+        assert pipe.retain() is None
+    assert pipe.retain() is not None and (retained_at(pipe) or 0) > ran
+    pipe.assert_mirrors()
+
+
+def retained_at(pipe: Pipeline) -> int | None:
+    checkpoint = pipe.checkpoint()
+    assert checkpoint is not None
+    return checkpoint.retained_at_us
 
 
 def test_only_changes_older_than_the_retention_go_and_their_days_report_gone(pg: Database, tmp_path: Path) -> None:
     """Commit times days in the past (a replication origin's, as a subscriber replays them), a
     retention of one day: the old batches are folded, today's stay, and so does their history."""
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    pipe = Pipeline(pg, tmp_path, ["public.t"], changelog_settings={"retention_hours": 24, "fold_min_share": 0})
+    settings = {"retention_hours": 24, "fold_min_share": 0} | EVERY_RUN
+    pipe = Pipeline(pg, tmp_path, ["public.t"], changelog_settings=settings)
     pipe.setup()
     now = datetime.now(UTC)
     old_day = (now - timedelta(days=3)).date()
@@ -144,8 +200,7 @@ def test_only_changes_older_than_the_retention_go_and_their_days_report_gone(pg:
     before = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
     assert history_rows(pipe.reader, "public.t", before, old_day).column("after").to_pylist() == [{"id": 1, "v": "old"}]
     mark_applied(pipe.config(), "public.t", checkpoint_lsn(pipe))
-    result = pipe.drain(wait=True)
-    assert result.retention is not None and result.retention.tables[0].removed_segments == 3  # snapshot, 2 old
+    assert drained(pipe).tables[0].removed_segments == 3  # snapshot, 2 old
     assert segments(pipe, "public.t") == [young]
     pipe.assert_mirrors()
     state = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
@@ -168,9 +223,7 @@ def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database
     held = segments(pipe, "public.b")
     transactions = pipe.batch_starts()
     pg.execute("INSERT INTO a VALUES (3, 'a')")
-    result = pipe.drain(wait=True)
-    assert result.retention is not None
-    by_table = {t.table: t for t in result.retention.tables}
+    by_table = {t.table: t for t in drained(pipe).tables}
     assert by_table["public.a"].removed_segments == 3 and by_table["public.b"].removed_segments == 0
     assert segments(pipe, "public.b") == held and pipe.batch_starts()[: len(transactions)] == transactions
 
@@ -186,8 +239,7 @@ def test_a_table_held_behind_keeps_its_segments_and_status_names_it(pg: Database
 
     mark_applied(pipe.config(), "public.b", checkpoint_lsn(pipe))
     pg.execute("INSERT INTO b VALUES (3, 'b')")
-    result = pipe.drain(wait=True)
-    assert {t.table: t.removed_segments for t in result.retention.tables}["public.b"] == 3  # type: ignore[union-attr]
+    assert {t.table: t.removed_segments for t in drained(pipe).tables}["public.b"] == 3
     assert segments(pipe, "public.b") != held
     assert read_status(pipe.config()).tables[1].held.segments == 1  # type: ignore[union-attr]  # the batch not applied
     pipe.assert_mirrors()
@@ -200,22 +252,20 @@ def test_a_base_is_rewritten_only_once_the_changes_are_worth_it(pg: Database, tm
     pg.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     random_2k = "(SELECT string_agg(md5(g.i || '.' || h.j || random()), '') FROM generate_series(1, 64) AS h(j))"
     pg.execute(f"INSERT INTO t SELECT g.i, {random_2k} FROM generate_series(1, 100) AS g(i)")
-    settings = {"retention_hours": 0, "fold_min_share": 0.5, "fold_max_segments": 3}
+    settings = {"retention_hours": 0, "fold_min_share": 0.5, "fold_max_segments": 3} | EVERY_RUN
     pipe = Pipeline(pg, tmp_path, ["public.t"], changelog_settings=settings)
     pipe.setup()
 
-    def drained(statement: str) -> Any:
+    def drained_once(statement: str) -> Any:
         """``statement``'s batch drained (retention folds up to the previous one) and marked applied."""
         pg.execute(statement)
-        result = pipe.drain(wait=True)
+        (outcome,) = drained(pipe).tables
         mark_applied(pipe.config(), "public.t", checkpoint_lsn(pipe))
-        assert result.retention is not None
-        (outcome,) = result.retention.tables
         return outcome
 
     kept = segments(pipe, "public.t")  # the copy
     for round_ in (1, 2, 3):  # the copy and up to two small batches: not worth a base
-        outcome = drained(f"UPDATE t SET id = id + 100 WHERE id = {round_}")
+        outcome = drained_once(f"UPDATE t SET id = id + 100 WHERE id = {round_}")
         assert (outcome.removed_segments, outcome.base, outcome.skipped) == (0, None, None)
         assert segments(pipe, "public.t")[: len(kept)] == kept
         kept = segments(pipe, "public.t")
@@ -223,14 +273,14 @@ def test_a_base_is_rewritten_only_once_the_changes_are_worth_it(pg: Database, tm
         pipe.assert_mirrors()
     assert bases(pipe, "public.t") == []
 
-    outcome = drained("DELETE FROM t WHERE id = 4")  # a third small batch: fold_max_segments
+    outcome = drained_once("DELETE FROM t WHERE id = 4")  # a third small batch: fold_max_segments
     assert outcome.removed_segments == len(kept) and outcome.base is not None
     assert bases(pipe, "public.t") == [outcome.base]
     pipe.assert_mirrors()
 
-    outcome = drained("UPDATE t SET v = reverse(v)")  # the previous small batch alone: kept
+    outcome = drained_once("UPDATE t SET v = reverse(v)")  # the previous small batch alone: kept
     assert (outcome.removed_segments, outcome.base) == (0, None)
-    outcome = drained("DELETE FROM t WHERE id = 5")  # with the whole table rewritten: > half the base
+    outcome = drained_once("DELETE FROM t WHERE id = 5")  # with the whole table rewritten: > half the base
     assert outcome.removed_segments == 2 and outcome.base is not None
     assert bases(pipe, "public.t") == [outcome.base]
     pipe.assert_mirrors()
@@ -283,7 +333,7 @@ def test_a_quiet_table_does_not_hold_the_log_back(pg: Database, tmp_path: Path) 
         pipe.drain(wait=True)
         mark_applied(pipe.config(), "public.busy", checkpoint_lsn(pipe))
     pg.execute("INSERT INTO busy VALUES (3)")
-    pipe.drain(wait=True)
+    drained(pipe)
     assert len(pipe.batch_starts()) == 1  # the last batch's: the one busy has not applied
     assert read_status(pipe.config()).tables[0].held is None
 
@@ -304,7 +354,7 @@ def test_an_online_snapshot_older_than_a_base_is_replaced_by_the_base(pg: Databa
 
     (copied,) = snapshot_tables(pipe.config(), ["public.t"], progress=write_once)
     mark_applied(pipe.config(), "public.t", during[0])
-    pipe.drain(wait=True, upto_lsn=during[0])  # the update, not the announcement; then retention
+    drained(pipe, upto_lsn=during[0])  # the update, not the announcement; then retention
     state = pipe.checkpoint().tables["public.t"]  # type: ignore[union-attr]
     assert state.snapshot_run is not None and is_base(state.snapshot_run.run)
     assert state.snapshot_run.consistent_point > copied.consistent_point
@@ -321,7 +371,13 @@ def test_a_held_table_catches_up_exactly_and_a_rebuild_starts_from_the_base(
     pg: Database, spark: Any, tmp_path: Path
 ) -> None:
     tables = {"public.a": {}, "public.b": {}}
-    mirror = Mirror(pg, tmp_path / "mirror", tables, spark, changelog={"retention_hours": 0, "fold_min_share": 0})
+    settings = {"retention_hours": 0, "fold_min_share": 0} | EVERY_RUN
+    mirror = Mirror(pg, tmp_path / "mirror", tables, spark, changelog=settings)
+
+    def drain_and_retain() -> None:
+        mirror.drain()
+        assert retain_when_due(mirror.config()) is not None
+
     mirror.sql(
         "CREATE TABLE a (id int PRIMARY KEY, v text)",
         "CREATE TABLE b (id int PRIMARY KEY, v text)",
@@ -333,12 +389,12 @@ def test_a_held_table_catches_up_exactly_and_a_rebuild_starts_from_the_base(
     for round_ in (1, 2):
         mirror.sql(f"UPDATE a SET v = 'a{round_}' WHERE id % 5 = {round_}", f"DELETE FROM b WHERE id = {round_}")
         mirror.sql(f"UPDATE b SET v = 'b{round_}' WHERE id % 7 = {round_}", f"INSERT INTO a VALUES ({100 + round_})")
-        mirror.drain()
+        drain_and_retain()
         mirror.apply(["public.a"])
     b_folder = Path(mirror.config().changelog.path) / "tables" / "public.b"
     held = sorted(p.name for p in b_folder.glob("*.parquet"))
     assert len(held) == 2  # b's changes since its last apply: held back by b
-    mirror.drain()  # retention again: a's segments are gone, b's are not
+    drain_and_retain()  # retention again: a's segments are gone, b's are not
     a_folder = Path(mirror.config().changelog.path) / "tables" / "public.a"
     assert not list(a_folder.glob("*.parquet")) and sorted(p.name for p in b_folder.glob("*.parquet")) == held
 

@@ -208,8 +208,8 @@ def test_a_following_drains_merges_wait_for_a_crashed_server(
     caplog.set_level(logging.WARNING, logger="cdc_assets.apply.follower")
     merged: list[str] = []
 
-    def apply_table(config: object, table: Any, *args: object) -> SimpleNamespace:
-        merged.append(str(table.name))
+    def apply_table(mirror: Any) -> SimpleNamespace:
+        merged.append(mirror.name)
         return SimpleNamespace(skipped=None, data_files=0)
 
     monkeypatch.setattr(follower, "apply_table", apply_table)

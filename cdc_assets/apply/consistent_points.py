@@ -35,9 +35,9 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.config.model import DELTA_MIN_RETENTION_HOURS, is_uri, join_location
-from cdc_assets.errors import CdcError
+from cdc_assets.errors import CdcError, ConfigError
 from cdc_assets.faults import fault_point
-from cdc_assets.lsn import format_lsn
+from cdc_assets.lsn import format_lsn, parse_lsn
 from cdc_assets.pgoutput.messages import unix_time
 
 POINTS_FOLDER = ("_cdc", "consistent_points")
@@ -83,6 +83,9 @@ class ConsistentPoint:
             "tables": dict(sorted(self.tables.items())),
         }
 
+    def lines(self) -> list[str]:
+        return [f"consistent point {self.summary()}"]
+
     def summary(self) -> str:
         when = self.commit_time
         tables = ", ".join(f"{name} v{version}" for name, version in sorted(self.tables.items()))
@@ -123,6 +126,23 @@ class PointLog:
                 continue
             found = point
         return found
+
+    def find(self, at: str | None = None) -> ConsistentPoint:
+        """The latest point, or the latest at or before ``at``: an LSN (``X/X``) or an ISO 8601 time
+        (local time when it names no zone); :class:`CdcError` when there is none."""
+        if at is None:
+            point = self.latest()
+        elif "/" in at:
+            point = self.at(lsn=parse_lsn(at))
+        else:
+            try:
+                when = datetime.fromisoformat(at.replace("Z", "+00:00"))
+            except ValueError:
+                raise ConfigError(f"{at!r} is neither an LSN (X/X) nor an ISO 8601 time") from None
+            point = self.at(when=when if when.tzinfo else when.astimezone())
+        if point is None:
+            raise CdcError(f"no consistent point{f' at or before {at}' if at else ''} in {self.path}")
+        return point
 
     def append(self, point: ConsistentPoint) -> bool:
         """Record ``point``; False if a point at or past its LSN is recorded already."""

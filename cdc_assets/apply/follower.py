@@ -7,10 +7,11 @@ worker on its own session (one worker uses the session it is given); a table is 
 worker at a time, and a table that changes again while it merges is merged again after. Each
 merge reads the checkpoint when it starts, so it takes every batch durable by then: the tables
 queued behind a long merge are not held to the position of an older look. What a merge does is
-exactly what ``cdc-assets apply`` does for the table, under the table's write lock on the source
-(:class:`~cdc_assets.source.lock.TableWriteLock`), which the table's maintenance takes too: no
-Dagster pool orders a follower's merges. While the source cannot be reached (a restart), a merge
-waits for the lock, trying again after the drain's reconnect pauses. A merge that leaves its table with
+exactly what ``cdc-assets apply`` does for the table, on its mirror opened for writing
+(:func:`~cdc_assets.apply.write_path.write_mirror`: the table's write lock on the source, which the
+table's maintenance takes too — no Dagster pool orders a follower's merges). While the source
+cannot be reached (a restart), a merge waits for the lock, trying again after the drain's
+reconnect pauses. A merge that leaves its table with
 ``warehouse.maintenance.follow_compact_files`` data files or more is followed, under the same lock,
 by the table's compaction (:func:`~cdc_assets.apply.maintenance.compact_table`). A failed merge
 stops the follower, and the drain's next durable batch raises its error — except a table stopped
@@ -45,12 +46,11 @@ from cdc_assets.apply.session import (
     table_session,
 )
 from cdc_assets.apply.target import table_applied_lsn
+from cdc_assets.apply.write_path import Mirror, write_mirror
 from cdc_assets.changelog.checkpoint import TableState, read_checkpoint
-from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.errors import CdcError
-from cdc_assets.source.lock import TableWriteLock
 from cdc_assets.source.reconnect import Backoff, connection_lost
 
 log = logging.getLogger(__name__)
@@ -252,33 +252,30 @@ class MergeFollower:
                 self._lock.wait(timeout=1.0)
 
     def _merge(self, table: str, session: SparkSession) -> None:
-        configured = self._config.table(table)
         bound = self._config.warehouse.maintenance.follow_compact_files
         compacted = None
         with ExitStack() as held:
-            if not self._write_lock(table, held):
+            mirror = self._open(table, session, held)
+            if mirror is None:
                 return  # stopping without finishing: this merge does not start
-            reader = ChangeLogReader(changelog_store(self._config))
-            checkpoint = reader.require_checkpoint()
-            result = apply_table(self._config, configured, session, reader, checkpoint.lsn)
+            result = apply_table(mirror)
             if bound and (result.data_files or 0) >= bound:
-                compacted = compact_table(self._config, configured, session)
+                compacted = compact_table(mirror)
         if result.skipped is None:
             self._reports.put(lambda: self._on_applied(result))
         if compacted is not None and (on_compacted := self._on_compacted) is not None:
             self._reports.put(lambda: on_compacted(compacted))
 
-    def _write_lock(self, table: str, held: ExitStack) -> bool:
-        """Take the table's write lock into ``held`` (the table's maintenance waits, or this waits for
-        it). While the source cannot be reached, try again after each pause of a :class:`Backoff`,
-        at once when the follower is closing (and then only once); False if it stops without
-        finishing meanwhile."""
+    def _open(self, table: str, session: SparkSession, held: ExitStack) -> Mirror | None:
+        """The table's mirror opened for writing into ``held`` (the table's maintenance waits, or
+        this waits for it). While the source cannot be reached, try again after each pause of a
+        :class:`Backoff`, at once when the follower is closing (and then only once); None if it
+        stops without finishing meanwhile."""
         backoff = Backoff()
         while True:
             closing = self._closing
             try:
-                held.enter_context(TableWriteLock(self._config.source, table))
-                return True
+                return held.enter_context(write_mirror(self._config, self._config.table(table), session))
             except Exception as error:
                 if closing or not connection_lost(error):
                     raise
@@ -287,7 +284,7 @@ class MergeFollower:
                 with self._lock:
                     self._lock.wait_for(lambda: self._closing, timeout=pause)
                     if self._closing and not self._finish:
-                        return False
+                        return None
 
     def _publish_point(self) -> None:
         """Every due table is merged: publish the consistent point the tables make, if new."""

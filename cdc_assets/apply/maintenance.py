@@ -15,8 +15,8 @@ Per table, in Delta SQL (which also works over Spark Connect), each step only wh
 None of these commits carries the idempotent-write marker, and none removes one: Delta keeps the
 latest ``SetTransaction`` of each application id through every later commit and checkpoint, so a
 table's applied LSN is the same after maintenance and a replayed merge is still skipped. The
-merge and the maintenance of one table must not run at once (both hold the table's write lock); Delta's
-optimistic concurrency makes whichever commits second fail without effect if they do.
+merge and the maintenance of one table never run at once: both write through
+:func:`~cdc_assets.apply.write_path.write_mirror`, which holds the table's write lock.
 Checkpoints of the Delta log are Delta's own: one every ``delta.checkpointInterval`` commits
 (default 10, maintenance commits included), and log files past ``delta.logRetentionDuration``
 are removed when a checkpoint is written.
@@ -32,16 +32,13 @@ from dataclasses import dataclass, replace
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.consistent_points import point_files_since
-from cdc_assets.apply.runner import delta_target
 from cdc_assets.apply.table_files import TableFiles, table_files
 from cdc_assets.apply.target import DeltaTarget, backquote
-from cdc_assets.changelog.checkpoint import read_checkpoint
-from cdc_assets.changelog.store import changelog_store
+from cdc_assets.apply.write_path import Mirror, write_mirror
 from cdc_assets.config import Config, MaintenanceConfig, TableConfig
 from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn
 from cdc_assets.names import TableName
-from cdc_assets.source.lock import TableWriteLock
 
 
 @dataclass(slots=True)
@@ -57,6 +54,10 @@ class Maintained:
     vacuumed_files: int | None = None  # files VACUUM deleted (None: not run, or not reported)
     elapsed_s: float = 0.0
     skipped: str | None = None
+    kind: str = "maintained"  # "compacted": a following drain's compaction (compact_table)
+
+    def lines(self) -> list[str]:
+        return [f"{self.kind} {self.summary()}"]
 
     def summary(self) -> str:
         if self.skipped or self.before is None or self.after is None:
@@ -139,31 +140,28 @@ def maintain_tables(
 
 
 def maintain_configured_table(config: Config, table: TableConfig, spark: SparkSession) -> Maintained:
-    """:func:`maintain_table` for a configured table, holding its write lock on the source (a
-    following drain's merges of the table wait meanwhile, and it waits for theirs)."""
-    name = str(table.name)
-    with TableWriteLock(config.source, name):
-        target = delta_target(config, table, spark)
-        keep = point_files_since(config, name)
-        return maintain_table(target, config.warehouse.maintenance, name, first_key_column(config, name), keep)
+    """:func:`maintain_table` for a configured table, on its mirror opened for writing (its merges
+    wait meanwhile, and it waits for theirs)."""
+    with write_mirror(config, table, spark) as mirror:
+        keep = point_files_since(config, mirror.name)
+        return maintain_table(mirror.target, config.warehouse.maintenance, mirror.name, _first_key_column(mirror), keep)
 
 
-def compact_table(config: Config, table: TableConfig, spark: SparkSession) -> Maintained:
+def compact_table(mirror: Mirror) -> Maintained:
     """OPTIMIZE one table now, and nothing else of the maintenance — what a following drain does to
-    a table its merges brought to ``follow_compact_files`` data files. The caller holds the
-    table's write lock."""
-    name = str(table.name)
+    a table its merges brought to ``follow_compact_files`` data files, under the merge's lock."""
     only = replace(
-        config.warehouse.maintenance, compact_min_files=1, purge_min_deletion_vectors=0, vacuum_retention_hours=0
+        mirror.config.warehouse.maintenance,
+        compact_min_files=1,
+        purge_min_deletion_vectors=0,
+        vacuum_retention_hours=0,
     )
-    return maintain_table(delta_target(config, table, spark), only, name, first_key_column(config, name))
+    return replace(maintain_table(mirror.target, only, mirror.name, _first_key_column(mirror)), kind="compacted")
 
 
-def first_key_column(config: Config, table: str) -> str | None:
-    """The first replica-identity key column of ``table`` as the change log last saw it."""
-    checkpoint = read_checkpoint(changelog_store(config))
-    state = checkpoint.tables.get(table) if checkpoint else None
-    keys = state.relation.key_columns if state else ()
+def _first_key_column(mirror: Mirror) -> str | None:
+    """The first replica-identity key column of the mirror's table as the change log last saw it."""
+    keys = mirror.state.relation.key_columns if mirror.state else ()
     return keys[0] if keys else None
 
 

@@ -1,9 +1,10 @@
 """``cdc-assets apply``: bring each configured Delta table up to the change log's checkpoint.
 
-Per table: read its applied LSN from the Delta log; read the change records after it up to the
-checkpoint; plan them; write the plan in one commit that records the checkpoint. Up to
-``spark.parallel_merges`` tables are applied at once, each on its own session of the one Spark
-application (Delta's idempotent-write settings are per session).
+Per table, on its mirror opened for writing (:func:`~cdc_assets.apply.write_path.write_mirror`:
+its write lock held, the checkpoint read once): read its applied LSN from the Delta log; read the
+change records after it up to the checkpoint; plan them; write the plan in one commit that
+records the checkpoint. Up to ``spark.parallel_merges`` tables are applied at once, each on its
+own session of the one Spark application (Delta's idempotent-write settings are per session).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from cdc_assets.apply.catalog import register_mirror
 from cdc_assets.apply.column_moves import CarriedRange, carry_range, record_copy_columns, start_names
 from cdc_assets.apply.merge import write_plan
 from cdc_assets.apply.session import is_connect, table_session
-from cdc_assets.apply.target import DeltaTarget, app_id, is_delta_conflict
+from cdc_assets.apply.target import DeltaTarget, is_delta_conflict
+from cdc_assets.apply.write_path import Mirror, write_mirror
 from cdc_assets.changelog.checkpoint import TableState, awaiting_copy_reason
 from cdc_assets.changelog.planner import fill_from_history, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -57,6 +59,9 @@ class TableApplied:
     copied: str = ""  # the copy it was written from, and why (SnapshotRunRef.describe)
     elapsed_s: float = 0.0
 
+    def lines(self) -> list[str]:
+        return [self.summary()]
+
     def summary(self) -> str:
         if self.skipped:
             return f"{self.table}: {self.skipped} (applied LSN {_lsn(self.applied_lsn)})"
@@ -66,17 +71,6 @@ class TableApplied:
             f" ({self.elapsed_s:.1f} s){f'; columns: {self.columns}' if self.columns else ''}"
             f"{f'; {self.copied}' if self.copied else ''}"
         )
-
-
-def delta_target(config: Config, table: TableConfig, spark: SparkSession) -> DeltaTarget:
-    return DeltaTarget(
-        spark,
-        config.target_path(table),
-        app_id(config.source.slot, str(table.name)),
-        table_properties=config.warehouse.table_properties,
-        storage_options=config.delta_storage_options,
-        small_table_bytes=round(config.warehouse.small_table_mb * 1e6),
-    )
 
 
 def apply_tables(
@@ -89,8 +83,8 @@ def apply_tables(
     """Apply the change log to the Delta tables of ``tables`` (default: every configured table),
     up to ``spark.parallel_merges`` at once, each worker on a session of its own for all its tables;
     ``progress`` gets each table's result as it is done, the return value has them in the tables'
-    order. A table that fails does not stop the others; the first failure is raised once they are
-    done."""
+    order. Every table is applied up to the checkpoint read once here, under its write lock. A table
+    that fails does not stop the others; the first failure is raised once they are done."""
     reader = ChangeLogReader(changelog_store(config))
     checkpoint = reader.require_checkpoint()
     selected = [config.table(t) for t in tables] if tables else list(config.tables)
@@ -109,9 +103,13 @@ def apply_tables(
         if progress is not None:
             progress(done[index])
 
+    def apply_one(table: TableConfig, session: SparkSession) -> TableApplied:
+        with write_mirror(config, table, session, reader=reader, checkpoint=checkpoint) as mirror:
+            return apply_table(mirror)
+
     if workers <= 1:
         for i, table in enumerate(selected):
-            record(i, partial(apply_table, config, table, spark, reader, checkpoint.lsn))
+            record(i, partial(apply_one, table, spark))
     else:
         idle: SimpleQueue[SparkSession] = SimpleQueue()  # the sessions opened so far, between tables
         opening = Lock()
@@ -123,7 +121,7 @@ def apply_tables(
                 with opening:
                     session = sessions.enter_context(table_session(spark, config.spark))
             try:
-                return apply_table(config, table, session, reader, checkpoint.lsn)
+                return apply_one(table, session)
             finally:
                 idle.put(session)
 
@@ -151,50 +149,50 @@ CONFLICT_ATTEMPTS = 5
 """How often a table's apply starts again after losing a Delta commit to another writer."""
 
 
-def apply_table(
-    config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int
-) -> TableApplied:
-    """Apply one table up to the checkpoint ``lsn``; a table found or made is registered in
+def merge_table(config: Config, table: TableConfig, spark: SparkSession) -> TableApplied:
+    """Apply one table up to the checkpoint read once its write lock is held."""
+    with write_mirror(config, table, spark) as mirror:
+        return apply_table(mirror)
+
+
+def apply_table(mirror: Mirror) -> TableApplied:
+    """Apply one table up to its mirror's checkpoint; a table found or made is registered in
     ``warehouse.catalog``.
 
     A commit that loses to another writer's (a merge of a killed process that its Spark Connect
-    server finished, a second ``apply``) starts the table's apply again from the table's new
-    state: Delta refuses a commit whose applied LSN another commit changed since it read it, so
-    the changes are applied exactly once whoever wins."""
+    server finished, a writer outside cdc-assets) starts the table's apply again from the table's
+    new state: Delta refuses a commit whose applied LSN another commit changed since it read it,
+    so the changes are applied exactly once whoever wins."""
     attempts = 1
     while True:
         try:
-            return _registered(config, table, spark, _apply_table(config, table, spark, reader, lsn))
+            return _registered(mirror, _apply_table(mirror))
         except Exception as error:
             if not is_delta_conflict(error) or attempts == CONFLICT_ATTEMPTS:
                 raise
             attempts += 1
-            log.warning("%s: another writer committed to its Delta table meanwhile; applying again", table.name)
+            log.warning("%s: another writer committed to its Delta table meanwhile; applying again", mirror.name)
 
 
-def _registered(config: Config, table: TableConfig, spark: SparkSession, result: TableApplied) -> TableApplied:
+def _registered(mirror: Mirror, result: TableApplied) -> TableApplied:
     """``result``, its table registered by name in ``warehouse.catalog`` when there is one and the
     table exists."""
-    if config.warehouse.catalog is not None and result.applied_lsn is not None:
-        register_mirror(spark, config.warehouse.catalog, table.name, result.path)
+    catalog = mirror.config.warehouse.catalog
+    if catalog is not None and result.applied_lsn is not None:
+        register_mirror(mirror.target.spark, catalog, mirror.table.name, result.path)
         fault_point("apply-register")
     return result
 
 
-def _apply_table(
-    config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader, lsn: int
-) -> TableApplied:
+def _apply_table(mirror: Mirror) -> TableApplied:
     started = time.monotonic()
-    name = str(table.name)
-    target = delta_target(config, table, spark)
-    if is_connect(spark) and target.path not in _fenced:  # the first write of this table in this process
+    name, target, reader, table, lsn = mirror.name, mirror.target, mirror.reader, mirror.table, mirror.checkpoint.lsn
+    if is_connect(target.spark) and target.path not in _fenced:  # the first write of this table in this process
         target.fence()
         _fenced.add(target.path)
     applied = target.applied_lsn()
     result = TableApplied(name, target.path, applied)
-    checkpoint = reader.checkpoint()
-    assert checkpoint is not None  # the caller applies up to its LSN
-    state = checkpoint.tables.get(name)
+    state = mirror.state
     if state is None:
         result.skipped = "not in the change log (not published, or set up before it was configured)"
         return result
@@ -258,29 +256,31 @@ def _carried_history(reader: ChangeLogReader, table: str, state: TableState, lsn
 def rebuild_table(
     config: Config, table: TableConfig, spark: SparkSession, reader: ChangeLogReader | None = None
 ) -> TableApplied:
-    """Rewrite one Delta table from its latest snapshot (the initial one, or the latest online run)
-    and every change since, up to the checkpoint, in one commit (time travel keeps the old
-    versions)."""
+    """Rewrite one Delta table, under its write lock, from its latest snapshot (the initial one, or
+    the latest online run or compacted base) and every change since, up to the checkpoint, in one
+    commit (time travel keeps the old versions)."""
+    with write_mirror(config, table, spark, reader=reader) as mirror:
+        return _registered(mirror, _rebuild(mirror))
+
+
+def _rebuild(mirror: Mirror) -> TableApplied:
     started = time.monotonic()
-    reader = reader or ChangeLogReader(changelog_store(config))
-    checkpoint = reader.checkpoint()
-    name = str(table.name)
-    state = checkpoint.tables.get(name) if checkpoint else None
-    if checkpoint is None or state is None:
-        raise CdcError(f"cannot rebuild {name}: the change log at {config.changelog.path} holds nothing for it")
+    name, target, table, lsn = mirror.name, mirror.target, mirror.table, mirror.checkpoint.lsn
+    state = mirror.state
+    if state is None:
+        raise CdcError(f"cannot rebuild {name}: the change log at {mirror.config.changelog.path} holds nothing for it")
     if state.awaiting_copy is not None:
         raise CdcError(f"cannot rebuild {name}: {awaiting_copy_reason(state)}")
-    target = delta_target(config, table, spark)
-    history = _carried_history(reader, name, state, checkpoint.lsn)
+    history = _carried_history(mirror.reader, name, state, lsn)
     if history.recopy is not None:
         raise CdcError(f"cannot rebuild {name}: {history.recopy}; copy it again with `cdc-assets snapshot {name}`")
     target.check_column_types(name, history.chunks)
     plan = plan_changes(history.chunks, history.relation, truncate=table.truncate)
     if not plan.truncate:
         raise CdcError(f"cannot rebuild {name}: the change log has no snapshot of it to start from")
-    record_copy_columns(target, history, checkpoint.lsn)
-    counts = write_plan(target, plan, checkpoint.lsn, row_filter=table.row_filter, rebuild=True)
-    record_copy_columns(target, history, checkpoint.lsn)
+    record_copy_columns(target, history, lsn)
+    counts = write_plan(target, plan, lsn, row_filter=table.row_filter, rebuild=True)
+    record_copy_columns(target, history, lsn)
     fault_point("rebuild-commit")
     result = TableApplied(
         name,
@@ -294,7 +294,7 @@ def rebuild_table(
     )
     result.delta_version = target.version()
     result.elapsed_s = time.monotonic() - started
-    return _registered(config, table, spark, result)
+    return result
 
 
 def _lsn(value: int | None) -> str:

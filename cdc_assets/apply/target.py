@@ -92,6 +92,18 @@ def table_applied_lsn(config: Config, table: TableConfig) -> int | None:
     )
 
 
+def delta_target(config: Config, table: TableConfig, spark: SparkSession) -> DeltaTarget:
+    """The Delta table of a configured table (to read; to write it, see :mod:`cdc_assets.apply.write_path`)."""
+    return DeltaTarget(
+        spark,
+        config.target_path(table),
+        app_id(config.source.slot, str(table.name)),
+        table_properties=config.warehouse.table_properties,
+        storage_options=config.delta_storage_options,
+        small_table_bytes=round(config.warehouse.small_table_mb * 1e6),
+    )
+
+
 def latest_version(path: str, storage_options: dict[str, str] | None = None) -> int | None:
     """The Delta table's latest version (None: there is no table)."""
     table = open_table(path, storage_options)

@@ -55,6 +55,9 @@ class Gap:
         """Whether some transaction ending in ``(low, high]`` may have ended inside the gap."""
         return low < self.slot_point and self.lost_after < high
 
+    def lines(self) -> list[str]:
+        return [f"recover: {self.describe()}"]
+
     def describe(self) -> str:
         """One line: what was lost, and where the new slot starts."""
         return (
@@ -145,6 +148,7 @@ class Checkpoint:
     snapshot_time_us: int | None = None  # when the initial snapshot was taken (µs since 1970, UTC)
     server: ServerIdentity | None = None  # the server the log was last read from (None: not recorded yet)
     gaps: tuple[Gap, ...] = ()  # oldest first
+    retained_at_us: int | None = None  # when change-log retention last ran (µs since 1970; None: never)
 
     def gap_between(self, low: int, high: int) -> Gap | None:
         """The latest gap a transaction ending in ``(low, high]`` may have ended in, if any."""
@@ -167,6 +171,7 @@ class Checkpoint:
             "snapshot_time_us": self.snapshot_time_us,
             "server": self.server.to_json() if self.server else None,
             "gaps": [g.to_json() for g in self.gaps],
+            "retained_at_us": self.retained_at_us,
             "tables": {
                 name: {
                     "last_change_lsn": state.last_change_lsn,
@@ -205,6 +210,7 @@ class Checkpoint:
             snapshot_time_us=data.get("snapshot_time_us"),
             server=ServerIdentity.from_json(data["server"]) if data.get("server") else None,
             gaps=tuple(Gap.from_json(g) for g in data.get("gaps", [])),
+            retained_at_us=data.get("retained_at_us"),
             tables={
                 name: TableState(
                     int(s["last_change_lsn"]),

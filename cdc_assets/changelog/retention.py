@@ -15,7 +15,8 @@ they stay, readable as before, and are not reported as held.
 Crash safety — the order is always: the base (complete once its own checkpoint is written), then
 the log's checkpoint naming it, then the deletions. A kill before the checkpoint leaves an unused
 base (deleted by the next retention); a kill after it leaves segments every reader skips (they hold
-changes at or below the base) and the next retention deletes. Run only under the drain lock.
+changes at or below the base) and the next retention deletes. Run only under the drain lock; the
+checkpoint records when it last ran (:func:`retention_due`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from cdc_assets.faults import fault_point
 from cdc_assets.lsn import format_lsn
 
 HOUR_US = 3_600_000_000
+MINUTE_US = 60_000_000
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,13 +103,21 @@ def needed_after(state: TableState, applied: int | None, checkpoint_lsn: int) ->
     return checkpoint_lsn if state.held_by(applied) else applied
 
 
+def retention_due(config: Config, checkpoint: Checkpoint) -> bool:
+    """Whether retention is due: ``changelog.retention_every_minutes`` have passed since it last ran."""
+    last = checkpoint.retained_at_us
+    every = round(config.changelog.retention_every_minutes * MINUTE_US)
+    return last is None or time.time_ns() // 1000 - last >= every
+
+
 def retain(
     config: Config, reader: ChangeLogReader, checkpoint: Checkpoint, applied: Mapping[str, int | None]
 ) -> RetentionResult:
     """Fold and delete what retention allows, for every configured table, then the transactions and
-    messages no table needs; ``applied``: each table's applied LSN (None: not created), read before
-    the call (a position read earlier is never past the one its table holds at the fold). Call
-    only while holding the drain lock."""
+    messages no table needs, and record in the checkpoint that it ran; ``applied``: each table's
+    applied LSN (None: not created), read before the call (a position read earlier is never past
+    the one its table holds at the fold). Call only while holding the drain lock."""
+    started_us = time.time_ns() // 1000
     cutoff = _cutoff(config)
     result = RetentionResult()
     needs = []
@@ -133,6 +143,7 @@ def retain(
         ]:
             reader.store.delete(stats.path)
             result.removed_log_files += 1
+    write_checkpoint(reader.store, replace(checkpoint, retained_at_us=started_us))
     return result
 
 
@@ -216,7 +227,7 @@ def _worth_a_base(
 ) -> bool:
     """Whether the changes retention could fold are enough to rewrite the table's base for: a
     share ``changelog.fold_min_share`` of its current copy's bytes, or ``fold_max_segments``
-    segments. Folding at every drain would rewrite the whole table every drain."""
+    segments. Folding whenever retention runs would rewrite the whole table each time."""
     changes = [s for s in fold if _batch_start(s) != COPY_BATCH]
     if len(changes) >= config.changelog.fold_max_segments:
         return True

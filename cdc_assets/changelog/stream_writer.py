@@ -17,6 +17,7 @@ from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config
 from cdc_assets.faults import fault_point
 from cdc_assets.interrupts import interrupts_deferred
+from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.protocol import MSG_COMMIT, MSG_PREPARE
 from cdc_assets.stream.blocks import MessageBlock, StreamPosition
 from cdc_assets.stream.reader import SlotStream
@@ -39,6 +40,13 @@ class DrainProgress:
     checkpoint_lsn: int
     target_lsn: int
     elapsed_s: float
+
+    def line(self) -> str:
+        rate = self.changes / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return (
+            f"batch {self.batches}: {self.transactions:,} transactions, {self.changes:,} changes ({rate:,.0f}/s),"
+            f" checkpoint {format_lsn(self.checkpoint_lsn)} of {format_lsn(self.target_lsn)}"
+        )
 
 
 @dataclass(slots=True)
@@ -104,7 +112,7 @@ class StreamWriter:
         assembler.start_session(self.writer, self.checkpoint.lsn)
         commit_seconds = self.config.drain.commit_seconds
         batch_changes = self.config.source.batch_changes
-        cut = UptoCut(self.config.source.streaming, upto) if upto is not None else None
+        cut = UptoCut(upto) if upto is not None else None
         position = self.checkpoint.lsn  # every transaction that committed before it has been received
         caught_up = reached = False
         fed = 0  # messages in the open batch

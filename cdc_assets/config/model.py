@@ -196,10 +196,12 @@ class ChangelogConfig:
     applied them (docs/architecture.md, "Change-log retention"); retention rewrites a table's
     compacted base (the whole table) only once the segments it would fold hold ``fold_min_share``
     of the current copy's bytes (0: whenever it folds) or number ``fold_max_segments``, the bound on
-    a table's segments kept past the retention."""
+    a table's segments kept past the retention; it is due once ``retention_every_minutes`` have
+    passed since it last ran (0: whenever a command or a drain run ends)."""
 
     path: str
     retention_hours: float = setting(168.0, "number", what="a number of hours")
+    retention_every_minutes: float = setting(60.0, "number", what="a number of minutes")
     fold_min_share: float = setting(0.25, "number")
     fold_max_segments: int = setting(200, "positive")
 

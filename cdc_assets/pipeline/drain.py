@@ -5,7 +5,8 @@ check the slot against the checkpoint (refuse a slot that is ahead); delete what
 left; start the slot's replication stream at the checkpoint; then assemble what it sends and, batch
 by batch, write the batch's files durably, replace the checkpoint and confirm the new position to
 the server — until the WAL position the drain started at is reached, or, when following, until the
-follow time is up; last, still under the lock, change-log retention (:mod:`cdc_assets.changelog.retention`).
+follow time is up. Change-log retention is a use case of its own (:mod:`cdc_assets.pipeline.retention`),
+which the commands and Dagster run after a drain when it is due.
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from typing import Any
 
 import psycopg
 
-from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
-from cdc_assets.changelog.reader import ChangeLogReader
-from cdc_assets.changelog.retention import RetentionResult, retain
 from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch, StreamWriter, Written
 from cdc_assets.config import Config, SourceConfig
@@ -62,8 +60,20 @@ class DrainResult(Written):
     reconnects: int = 0
     slot: SlotState | None = None
     held: HeldWal | None = None  # the WAL the slot holds behind restart_lsn, and what pins it
-    retention: RetentionResult | None = None
     elapsed_s: float = 0.0
+
+    def lines(self) -> list[str]:
+        """What was drained, per table; the slot's lag; a warning about the WAL it holds."""
+        out = [
+            f"drained {self.transactions:,} transactions, {self.total_changes:,} changes in {self.batches} batches"
+            f" ({self.elapsed_s:.1f} s); checkpoint {format_lsn(self.start_lsn)} -> {format_lsn(self.checkpoint_lsn)}"
+        ]
+        out += [f"  {table}: {count:,} changes" for table, count in sorted(self.changes.items())]
+        if self.slot is not None and self.slot.lag_bytes is not None:
+            out.append(f"slot {self.slot.name}: lag {self.slot.lag_bytes:,} bytes, WAL status {self.slot.wal_status}")
+        if self.held is not None and (warning := self.held.warning()) is not None:
+            out.append(warning)
+        return out
 
 
 def drain(
@@ -132,8 +142,6 @@ def drain(
                 result.reconnects += 1
                 time.sleep(pause)
                 lost = True
-        applied = {str(t.name): table_applied_lsn(config, t) for t in config.tables}
-        result.retention = retain(config, ChangeLogReader(store), writer.checkpoint, applied)
         result.slot = read_slot(connections.conn, source.slot)
         result.held = read_held_wal(connections.conn, source.slot)
     result.elapsed_s = time.monotonic() - started

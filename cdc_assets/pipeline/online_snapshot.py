@@ -100,6 +100,9 @@ class TableCopied:
     chunks: int
     elapsed_s: float
 
+    def lines(self) -> list[str]:
+        return [f"copied {self.summary()}"]
+
     def summary(self) -> str:
         return (
             f"{self.table}: {self.rows:,} rows in {self.chunks} chunks as of LSN {format_lsn(self.consistent_point)}"

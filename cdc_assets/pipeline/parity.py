@@ -37,9 +37,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc_assets.apply.runner import TableApplied, apply_table, delta_target
+from cdc_assets.apply.runner import TableApplied, merge_table
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, app_id, latest_version
+from cdc_assets.apply.target import DeltaTarget, app_id, delta_target, latest_version
 from cdc_assets.apply.versions import applied_versions, version_holding
 from cdc_assets.changelog.planner import latest_images
 from cdc_assets.changelog.reader import ChangeLogReader
@@ -101,8 +101,7 @@ def verify_table(config: Config, table: TableConfig, spark: SparkSession) -> Ver
     """Drain up to a snapshot point, apply ``table``, compare (see the module docstring); writes."""
     snapshot_lsn, names, source = _source_at_snapshot(config, table, spark)
     drained = drain(config, wait=True, upto_lsn=snapshot_lsn)
-    reader = ChangeLogReader(changelog_store(config))
-    applied = apply_table(config, table, spark, reader, reader.require_checkpoint().lsn)
+    applied = merge_table(config, table, spark)
     target = delta_target(config, table, spark)
     version = latest_version(target.path, target.storage_options)
     version_applied = None if version is None else target.applied_lsn(version)

@@ -61,6 +61,8 @@ class RecoverResult:
         out.extend(f"recover: copied {c.summary()}" for c in self.copied)
         if not self.gap and not self.copied:
             out.append("recover: nothing to recover: the slot can be drained and no table awaits a copy")
+        if self.copied:
+            out.append("the next drain records each copy, and the next apply brings its table to the source")
         return out
 
 
@@ -84,7 +86,7 @@ def recover(
                 checkpoint = slot_checkpoint(config, store)
                 lost = lost_slot_error(config.source, read_slot(conn, config.source.slot), checkpoint)
                 if lost is not None:
-                    result.gap = _new_slot(config, conn, store, checkpoint, str(lost).partition(": ")[0])
+                    result.gap = _new_slot(config, conn, store, checkpoint, lost.reason)
                     if on_gap is not None:
                         on_gap(result.gap)
     held = require_checkpoint(store).tables_awaiting_copy()

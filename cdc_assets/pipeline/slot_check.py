@@ -6,14 +6,12 @@ from __future__ import annotations
 from cdc_assets.changelog.checkpoint import Checkpoint, require_checkpoint
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, SourceConfig
-from cdc_assets.errors import CdcError, ServerMismatchError, SlotGapError, SlotInvalidatedError, SlotMissingError
+from cdc_assets.errors import CdcError, LostPositionError
 from cdc_assets.source import SlotState, require_usable_slot
 from cdc_assets.source.server_identity import read_lineage, require_same_history
 
-LOST = (SlotMissingError, SlotInvalidatedError, SlotGapError, ServerMismatchError)
 
-
-def lost_slot_error(source: SourceConfig, slot: SlotState | None, checkpoint: Checkpoint) -> CdcError | None:
+def lost_slot_error(source: SourceConfig, slot: SlotState | None, checkpoint: Checkpoint) -> LostPositionError | None:
     """The drain's refusal of ``slot`` (as read from the source; None: missing) from ``checkpoint``
     when the slot or its server is lost to the log (None: it is not). Other errors — a slot of the
     wrong kind, an unreachable server — are raised."""
@@ -21,7 +19,7 @@ def lost_slot_error(source: SourceConfig, slot: SlotState | None, checkpoint: Ch
         if checkpoint.server is not None:
             require_same_history(checkpoint.server, read_lineage(source), checkpoint.lsn, source.slot)
         require_usable_slot(slot, source, checkpoint.lsn)
-    except LOST as error:
+    except LostPositionError as error:
         return error
     return None
 

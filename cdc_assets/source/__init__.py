@@ -20,7 +20,7 @@ from cdc_assets.source.connection import (
 )
 from cdc_assets.source.ddl_capture import DDL_PREFIX, DdlCapture, apply_ddl_capture
 from cdc_assets.source.heartbeat import HEARTBEAT_PREFIX, emit_heartbeat
-from cdc_assets.source.lock import DrainLock, TableCopyLock, TableWriteLock, drain_lock_key
+from cdc_assets.source.lock import DrainLock, TableCopyLock, drain_lock_key
 from cdc_assets.source.publication import (
     ensure_publication,
     prune_publication,
@@ -51,7 +51,6 @@ __all__ = [
     "SlotState",
     "SnapshotReader",
     "TableCopyLock",
-    "TableWriteLock",
     "apply_ddl_capture",
     "apply_pinned_settings",
     "check_source",

@@ -2,14 +2,16 @@
 slot and table, the locks of one table's online copy and of its Delta table's writers.
 
 It lives on the source because the change log may be on object storage, where no lock exists.
-The lock is held by a dedicated connection for the whole drain and released when it closes — or
-when the server restarts, after which a drain that goes on takes it again (:meth:`DrainLock.retake`).
+The lock is held by a dedicated connection for the whole drain and released before it closes (so
+the next holder in this process, change-log retention after a drain, finds it free) — or when the
+server restarts, after which a drain that goes on takes it again (:meth:`DrainLock.retake`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from contextlib import suppress
 from types import TracebackType
 from typing import Any, ClassVar
 
@@ -79,7 +81,9 @@ class DrainLock:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._conn is not None:
-            self._conn.close()  # ends the session, which releases its advisory locks
+            with suppress(psycopg.Error):  # released now: the session itself ends after the close returns
+                self._conn.execute("SELECT pg_advisory_unlock(%s::int8)", (self.key,))
+            self._conn.close()  # ends the session, which releases its advisory locks in any case
             self._conn = None
 
     @property

@@ -90,7 +90,8 @@ def require_same_history(recorded: ServerIdentity, lineage: ServerLineage, check
     if current.system_identifier != recorded.system_identifier:
         raise ServerMismatchError(
             f"source.dsn reaches the server with {current}, but the change log was read from the server with"
-            f" {recorded}: another cluster (a restore from a dump, a new server), not a standby of it. {remedy}"
+            f" {recorded}",
+            f"another cluster (a restore from a dump, a new server), not a standby of it. {remedy}",
         )
     if current.timeline == recorded.timeline:
         return
@@ -99,17 +100,18 @@ def require_same_history(recorded: ServerIdentity, lineage: ServerLineage, check
         raise ServerMismatchError(
             f"source.dsn reaches a server on timeline {current.timeline} whose history does not contain timeline"
             f" {recorded.timeline}, which the change log was read from up to {format_lsn(checkpoint_lsn)}"
-            f" (system identifier {recorded.system_identifier}): a server restored from an older backup, or a"
-            f" standby that never followed the old primary. {remedy}"
+            f" (system identifier {recorded.system_identifier})",
+            f"a server restored from an older backup, or a standby that never followed the old primary. {remedy}",
         )
     if checkpoint_lsn > end:
         raise ServerMismatchError(
-            f"the server was promoted: timeline {current.timeline} left timeline {recorded.timeline} at"
+            "the server was promoted",
+            f"timeline {current.timeline} left timeline {recorded.timeline} at"
             f" {format_lsn(end)}, but the change log already holds timeline {recorded.timeline} up to"
             f" {format_lsn(checkpoint_lsn)}: the old primary sent the drain WAL its standby had not received when"
             f" it was promoted, and the new primary writes other transactions at those positions. Failover slots"
             f" with synchronized_standby_slots on the primary prevent this (the primary then sends logical"
-            f" consumers only what the standby has). {remedy}"
+            f" consumers only what the standby has). {remedy}",
         )
 
 

@@ -125,9 +125,10 @@ def require_usable_slot(state: SlotState | None, config: SourceConfig, checkpoin
     if checkpoint_lsn is not None and (state.confirmed_flush_lsn or 0) > checkpoint_lsn:
         raise SlotGapError(  # behind the checkpoint is fine: the stream starts there and confirms it at once
             f"replication slot {state.name} has confirmed LSN {format_lsn(state.confirmed_flush_lsn or 0)}, past the"
-            f" change log's checkpoint {format_lsn(checkpoint_lsn)}: transactions between the two were consumed by"
+            f" change log's checkpoint {format_lsn(checkpoint_lsn)}",
+            "transactions between the two were consumed by"
             " something else and are not in the log (a slot dropped and created again, or advanced by hand)."
-            " Nothing was advanced. Remedy: " + RECOVER
+            " Nothing was advanced. Remedy: " + RECOVER,
         )
     return state
 
@@ -170,9 +171,10 @@ def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
 
 def slot_missing(slot: str, lsn: int | None = None) -> SlotMissingError:
     return SlotMissingError(
-        f"replication slot {slot} does not exist{_at(lsn)}: the changes after the change log's checkpoint went"
+        f"replication slot {slot} does not exist{_at(lsn)}",
+        "the changes after the change log's checkpoint went"
         " with it (dropped, lost in a failover or a restore). If source.slot names the wrong slot, fix it; else "
-        + RECOVER
+        + RECOVER,
     )
 
 
@@ -180,12 +182,12 @@ def slot_invalidated(state: SlotState, lsn: int | None = None) -> SlotInvalidate
     reason = f", reason {state.invalidation_reason}" if state.invalidation_reason else ""
     confirmed = format_lsn(state.confirmed_flush_lsn) if state.confirmed_flush_lsn is not None else "unknown"
     return SlotInvalidatedError(
-        f"replication slot {state.name} was invalidated by the server{_at(lsn)} (wal_status 'lost'{reason}): "
+        f"replication slot {state.name} was invalidated by the server{_at(lsn)} (wal_status 'lost'{reason})",
         f"the server removed WAL the slot still needed (it fell more than max_slot_wal_keep_size behind, or "
         f"another limit hit it), so the changes after its restart position (confirmed up to {confirmed}) are "
         "gone and can never be decoded. Remedy: "
         + RECOVER
-        + "; to prevent it, drain more often or raise max_slot_wal_keep_size"
+        + "; to prevent it, drain more often or raise max_slot_wal_keep_size",
     )
 
 

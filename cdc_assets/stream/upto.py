@@ -3,8 +3,6 @@ temporary slot's snapshot point)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from cdc_assets.pgoutput.decoder import PgoutputDecoder
 from cdc_assets.pgoutput.messages import (
     BeginMessage,
@@ -47,10 +45,11 @@ _DECODED = frozenset(
 class UptoCut:
     """Where a drain up to ``upto`` stops: before the first transaction that ends after it (a
     Begin whose commit record starts at or after ``upto``, or a transaction end past it), or before
-    a non-transactional message written at or after it."""
+    a non-transactional message written at or after it. It decodes no Stream Abort, the one
+    message whose layout depends on the slot's ``streaming`` option."""
 
-    def __init__(self, streaming: Any, upto: int) -> None:
-        self._decoder = PgoutputDecoder(streaming)
+    def __init__(self, upto: int) -> None:
+        self._decoder = PgoutputDecoder()
         self._upto = upto
 
     def head(self, block: MessageBlock) -> tuple[MessageBlock, bool]:

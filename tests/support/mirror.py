@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cdc_assets.apply.runner import TableApplied, apply_tables, delta_target
-from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn
+from cdc_assets.apply.runner import TableApplied, apply_tables
+from cdc_assets.apply.target import DeltaTarget, app_id, applied_lsn, delta_target
 from cdc_assets.changelog.planner import ChangePlan, plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
 from cdc_assets.pgoutput.records import DeltaColumn
 from cdc_assets.pipeline.drain import DrainResult, drain
-from cdc_assets.pipeline.held_copies import drain_with_copies
 from cdc_assets.pipeline.setup import SetupResult, setup
+from cdc_assets.pipeline.sync import sync
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, write_config
 from tests.support.database import Database
 from tests.support.mirror_diff import delta_version, rust_table, spark_table
@@ -100,9 +100,13 @@ class Mirror:
         return {r.table: r for r in results}
 
     def sync(self) -> dict[str, TableApplied]:
-        """What ``cdc-assets sync`` does: drain (copying the tables a DDL rewrote), then apply."""
-        drain_with_copies(self.config(), self.drain)
-        return self.apply()
+        """``cdc-assets sync`` (:func:`~cdc_assets.pipeline.sync.sync`): drain (copying the tables a
+        DDL rewrote), retention when due, then apply, on the shared Spark session."""
+        results = sync(self.config(), lambda: self.spark, wait=True).applied
+        self.results.extend(results)
+        for result in results:
+            print(result.summary())
+        return {r.table: r for r in results}
 
     def pending_plan(self, table: str) -> tuple[DeltaTarget, ChangePlan, int]:
         """(target, plan, checkpoint LSN) of the records of ``table`` the Delta table does not hold,

@@ -15,9 +15,11 @@ from typing import Any
 
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
+from cdc_assets.changelog.retention import RetentionResult
 from cdc_assets.changelog.store import LogStore
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import DrainResult, drain
+from cdc_assets.pipeline.retention import retain_when_due
 from cdc_assets.pipeline.setup import SetupResult, setup
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, write_config
 from tests.support.database import Database
@@ -99,6 +101,10 @@ class Pipeline:
         ends on the server asynchronously, and may still hold it."""
         kwargs.setdefault("wait", True)
         return drain(self.config(), **kwargs)
+
+    def retain(self) -> RetentionResult | None:
+        """Change-log retention, as the commands run it after a drain (when due)."""
+        return retain_when_due(self.config())
 
     def cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> CliResult:
         """``python -m cdc_assets <args> -c <config>`` in a subprocess."""

@@ -89,9 +89,10 @@ def s3_server() -> Iterator[ThrowawayS3Server]:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """A ``cdc-assets spark-server`` shared by one test module."""
+    """A ``cdc-assets spark-server`` shared by the test run: the commands a test runs in a
+    subprocess connect to it (``spark.remote``) instead of starting a Spark of their own each."""
     server = start_server(tmp_path_factory.mktemp("connect"))
     try:
         yield server

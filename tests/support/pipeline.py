@@ -64,6 +64,7 @@ class Pipeline:
     source: dict[str, Any] = field(default_factory=dict)
     dsn: str | None = None  # the source DSN (default: the database's, as superuser)
     changelog_settings: dict[str, Any] = field(default_factory=dict)  # ``changelog:`` settings beside the path
+    spark: dict[str, Any] | None = None  # the ``spark:`` section (e.g. ``remote``: the commands' Spark Connect server)
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -82,7 +83,7 @@ class Pipeline:
     def update_source(self, **source: Any) -> None:
         """Rewrite the file, with ``source`` settings changed (e.g. ``streaming="on"``)."""
         self.source.update(source)
-        write_config(self.folder, self.tables, source=self.source, changelog=self.changelog_settings)
+        write_config(self.folder, self.tables, source=self.source, changelog=self.changelog_settings, spark=self.spark)
 
     @property
     def environ(self) -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Drain benchmark: the drain's rate against pg_recvlogical, and peak memory on one huge transaction.
 
-    python benchmarks/drain.py [--pg 16] [--part all|rate|rss|light] [--transactions 260000] [--repeat 3]
+    python benchmarks/drain.py [--pg 16] [--part all|rate|rss|light|tables] [--transactions 260000] [--repeat 3]
                                [--rows 2000000] [--batch-changes N] [--big-batch N] [--profile]
-                               [--light-rate 520] [--light-seconds 60] [--json out.json]
+                               [--light-rate 520] [--light-seconds 60] [--configured-tables 300] [--json out.json]
 
 rate: ``pgbench -i``, then ``cdc_assets.pipeline.setup.setup`` of one slot and change log per measurement
       (same publication ``bench_pub`` on the four pgbench tables), all before the load, so that
@@ -47,12 +47,20 @@ light: a following drain under a light steady load, what it costs in CPU: ``pgbe
       CPU seconds of the drain and its receiving child (psutil) over the load, as a share of one
       core. At a few hundred transactions a second the server sends a keepalive after each one:
       what a block and a frame cost, paid per transaction, is what this part shows.
+tables: whether the drain's cost grows with the tables configured beside the ones that change:
+      ``pgbench -i``, ``--configured-tables`` minus four more tables (empty, never written) in the
+      publication, then ``--repeat`` pairs of slots set up before the load — one configured with
+      the four pgbench tables, one with every table — and ``pgbench -n -t <transactions / 2> -c 2``;
+      each pair's drains of the same range timed in turn (which goes first alternates). ratio =
+      the drain with every table configured / the drain with four, median of the rounds.
+      Target: <= 1 within noise (the drain opens no Delta table and reads no state per table).
 
 Full-size runs (a quiet machine):
 
     python benchmarks/drain.py --pg 16 --part rate --json drain_rate.json
     python benchmarks/drain.py --pg 16 --part rss --json drain_rss.json
     python benchmarks/drain.py --pg 16 --part light --json drain_light.json
+    python benchmarks/drain.py --pg 16 --part tables --json drain_tables.json
 """
 
 from __future__ import annotations
@@ -671,13 +679,68 @@ def part_light(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return result
 
 
+# -- tables -----------------------------------------------------------------------------------
+
+
+def part_tables(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    extra = [f"public.quiet_{i:03d}" for i in range(args.configured_tables - len(PGBENCH_TABLES))]
+    if 2 * args.repeat > MAX_SLOTS:
+        raise SystemExit(f"--repeat {args.repeat} needs {2 * args.repeat} slots, the cluster has {MAX_SLOTS}")
+    cluster = common.start_cluster(args.pg)
+    try:
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            version = pgbench_initialized(conn, cluster, args.scale, "tables")
+            conn.execute("".join(f"CREATE TABLE {name} (id int PRIMARY KEY, v int);" for name in extra))
+
+            def make(name: str, tables: list[str]) -> Config:
+                config = write_config(workdir / name, cluster.dsn(), f"bench_{name}", tables)
+                setup(config)
+                return config
+
+            pairs = [
+                (make(f"few_{i + 1}", PGBENCH_TABLES), make(f"all_{i + 1}", PGBENCH_TABLES + extra))
+                for i in range(args.repeat)
+            ]
+            print(f"[tables] set up {2 * args.repeat} slots: {len(PGBENCH_TABLES)} and {args.configured_tables} tables")
+            per_client = -(-args.transactions // args.clients)
+            common.pgbench(cluster, "-n", "-t", str(per_client), "-c", str(args.clients))
+            conn.execute("CHECKPOINT")
+        rounds = []
+        for i, (few, every) in enumerate(pairs):
+            POOL.prestart()
+            order = [("few", few), ("all", every)] if i % 2 == 0 else [("all", every), ("few", few)]
+            timed = {label: run_drain(config) for label, config in order}
+            if timed["few"]["changes"] != timed["all"]["changes"]:
+                print(f"WARNING: the drains read {timed['few']['changes']:,} and {timed['all']['changes']:,} changes")
+            rounds.append(
+                {
+                    "first": order[0][0],
+                    "changes": timed["few"]["changes"],
+                    "few_seconds": timed["few"]["seconds"],
+                    "all_seconds": timed["all"]["seconds"],
+                    "ratio": timed["all"]["seconds"] / timed["few"]["seconds"],
+                }
+            )
+            print(
+                f"[tables] round {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in rounds[-1].items() if k != "first")
+            )
+    finally:
+        cluster.stop()
+    return {
+        "server_version": version,
+        "configured_tables": args.configured_tables,
+        "rounds": rounds,
+        "ratio_median": statistics.median(r["ratio"] for r in rounds),
+    }
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pg", type=int, default=16, choices=(15, 16, 18))
-    parser.add_argument("--part", choices=("all", "rate", "rss", "light"), default="all")
+    parser.add_argument("--part", choices=("all", "rate", "rss", "light", "tables"), default="all")
     parser.add_argument(
         "--transactions", type=int, default=260_000, help="pgbench transactions in total (4 changes each)"
     )
@@ -700,6 +763,9 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="profile one extra drain (cProfile)")
     parser.add_argument("--light-rate", type=int, default=520, help="light: pgbench -R (transactions/s)")
     parser.add_argument("--light-seconds", type=int, default=60, help="light: pgbench -T (seconds)")
+    parser.add_argument(
+        "--configured-tables", type=int, default=300, help="tables: the tables of the larger configuration"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--json", help="write the results to this file")
     args = parser.parse_args()
@@ -716,6 +782,8 @@ def main() -> int:
             results["rss"] = part_rss(args, workdir)
         if args.part in ("all", "light"):
             results["light"] = part_light(args, workdir)
+        if args.part in ("all", "tables"):
+            results["tables"] = part_tables(args, workdir)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -830,6 +898,12 @@ def main() -> int:
             )
         )
         ok &= rss["pass"]
+    if "tables" in results:
+        tables = results["tables"]
+        print(
+            f"\nDrain of one range, {len(PGBENCH_TABLES)} against {tables['configured_tables']} configured tables:"
+            f" ratio {tables['ratio_median']:.2f} (median of rounds)"
+        )
     print(f"\nbefore: {common.describe_load(load_before)}\nafter:  {common.describe_load(load_after)}")
     print(common.describe_code(code_start, code_end))
     common.write_json(args.json, results)

@@ -80,7 +80,10 @@ class StorageConfig:
             options |= {"access_key": self.access_key_id, "secret_key": self.secret_access_key}
             if self.session_token:
                 options["session_token"] = self.session_token
-        return pafs.S3FileSystem(**options), rest.rstrip("/")
+        # Writes upload in the writing thread, not in the background: a part whose background
+        # upload met a connection reset can leave the stream's close waiting forever (pyarrow 26),
+        # and a segment abandoned after a failure is closed, if not by us, by the garbage collector.
+        return pafs.S3FileSystem(background_writes=False, **options), rest.rstrip("/")
 
     def delta_rs_options(self) -> dict[str, str]:
         """delta-rs ``storage_options`` (it reads ``s3://`` and ``s3a://`` alike)."""

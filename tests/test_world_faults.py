@@ -261,7 +261,10 @@ class _Sync:
         return self.count(" applied LSN ", err=False)
 
     def wait(self, timeout: float) -> int:
-        code = self.process.wait(timeout=timeout)
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout:.0f} s:\n{self.output()}") from None
         for pump in self._pumps:
             pump.join(timeout=30)
         return code

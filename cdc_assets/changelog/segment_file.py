@@ -7,6 +7,7 @@ and so does each worker of a copy (:mod:`cdc_assets.pipeline.snapshot_copy`), ea
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -134,8 +135,6 @@ class SegmentFile:
 
     def abandon(self) -> None:
         """Close the file after a failure, best effort; it stays invalid."""
-        try:
-            self._writer.close()
-            self._handle.close()
-        except Exception:  # noqa: BLE001 - best effort after an earlier error
-            pass
+        for close in (self._writer.close, self._handle.close):  # the handle even when the writer fails
+            with contextlib.suppress(Exception):  # best effort after an earlier error
+                close()

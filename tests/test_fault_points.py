@@ -73,7 +73,7 @@ STEPS = (
     Step(("library", "history", f"{SCHEMA}.kinds"), "history-write", prepare="sync", retention_hours=1000),
     Step(("apply",), "apply-register", prepare="drain", catalog=True),
     Step(("apply",), "apply-commit", prepare="drain"),
-    Step(("apply",), "apply-evolve", prepare="add column"),  # DEBUGFIRST
+    Step(("apply",), "apply-evolve", prepare="add column"),
     Step(("apply", "--consistent"), "consistent-point", prepare="drain"),
     Step(("sync",), "after-checkpoint"),
     Step(("sync",), "apply-commit"),

@@ -156,8 +156,10 @@ def record_copy_columns(target: DeltaTarget, carried: CarriedRange, lsn: int) ->
     physical = {a: by_name[n] for a, n in names.items() if n in by_name}
     recorded = recorded_columns(target)
     applied = target.applied_lsn()
-    held = None if recorded is None or applied is None or applied >= lsn else recorded.names_at(applied)
-    before = None if held is None or applied is None else (applied, held)
+    before = None
+    if recorded is not None and applied is not None and applied < lsn:
+        held = recorded.names_at(applied)
+        before = None if held is None else (applied, held)
     _record(target, recorded, SourceColumns(lsn, names, physical if len(physical) == len(names) else {}, before))
 
 

@@ -15,7 +15,7 @@ sends, or columns whose attnums are unknown — is a reason to copy the table ag
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -67,11 +67,7 @@ def with_attnums(relation: RelationSchema, names: ColumnNames | None) -> Relatio
     if names is None:
         return relation
     by_name = {name: attnum for attnum, name in names.items()}
-    columns = tuple(
-        ColumnSchema(c.name, c.type_oid, c.type_modifier, c.is_key, c.ndims, by_name.get(c.name))
-        for c in relation.columns
-    )
-    return RelationSchema(relation.relation_oid, relation.namespace, relation.name, relation.replica_identity, columns)
+    return replace(relation, columns=tuple(replace(c, attnum=by_name.get(c.name)) for c in relation.columns))
 
 
 def carry_columns(
@@ -236,12 +232,9 @@ def _carried(
             pa.array(lists, unchanged.type),
         )
     own = {c.name: c for c in chunk.relation.columns}
-    relation = RelationSchema(
-        final.relation_oid,
-        final.namespace,
-        final.name,
-        final.replica_identity,
-        tuple(
+    relation = replace(
+        final,
+        columns=tuple(
             _renamed(own[names[c.attnum]], c) if c.attnum in names and names[c.attnum] in own else c
             for c in final.columns
             if c.attnum is not None and c.attnum in columns
@@ -252,7 +245,7 @@ def _carried(
 
 def _renamed(column: ColumnSchema, final: ColumnSchema) -> ColumnSchema:
     """``column`` as its records were written (its source type), under its final name and key flag."""
-    return ColumnSchema(final.name, column.type_oid, column.type_modifier, final.is_key, column.ndims, final.attnum)
+    return replace(column, name=final.name, is_key=final.is_key, attnum=final.attnum)
 
 
 def _arrow_type(column: DdlColumn) -> pa.DataType | None:

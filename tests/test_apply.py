@@ -418,6 +418,7 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
     mirror.check("public.ev")
 
 
+@pytest.mark.slow
 def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """Below ``warehouse.small_table_mb`` a MERGE rewrites the file it changes instead of writing a
     deletion vector, a small batch runs without generated code, and the session's settings are as
@@ -646,6 +647,7 @@ def test_column_types(mirror_of) -> None:  # type: ignore[no-untyped-def]
     assert full_row["a2"] == [["a", "b"], ["c d", None]]
 
 
+@pytest.mark.slow
 def test_a_column_is_retyped_only_when_its_source_type_changes(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """A change-log segment whose ``score`` (a domain over integer) was decoded as text while the
     source type stayed the same — what a drain that lost the domain's base type wrote — is refused:

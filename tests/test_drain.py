@@ -597,6 +597,7 @@ def test_schema_changes(pg: Database, tmp_path: Path, workload: XidRecorder) -> 
     assert_transactions_log(pipe, w.xids)
 
 
+@pytest.mark.slow
 def test_a_domain_column_keeps_its_base_type_across_a_reconnect(pg: Database, tmp_path: Path) -> None:
     """A domain's Type message names its base type (``int4``), not the domain; after the walsender
     is ended, the following drain's new session receives it again with the Relation message. The
@@ -935,6 +936,7 @@ def test_refuses_bad_config_and_missing_setup(pg: Database, tmp_path: Path) -> N
 # --- concurrent drains ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_drains_never_interleave(pg: Database, tmp_path: Path, workload: XidRecorder) -> None:
     """While a drain runs, a second one exits with the lock message; with ``--wait`` it runs
     after the first finished: its batches start where the first one's checkpoint ended."""

@@ -63,6 +63,7 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
     assert defs.resolve_schedule_def("cdc_drain_schedule").job_name == sensor.job_name == "cdc_drain"
 
 
+@pytest.mark.slow
 def test_the_schedule_starts_a_following_drain_only_when_none_runs_and_the_run_reports_as_it_goes(
     pg: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -149,6 +149,7 @@ def test_a_follower_compacts_a_table_once_its_merges_leave_it_with_follow_compac
     mirror.check(TABLE)
 
 
+@pytest.mark.slow
 def test_vacuum_deletes_only_files_older_than_the_retention(spark: Any, tmp_path: Path) -> None:
     """VACUUM with the default retention (7 days): a file that left the table just now stays (time
     travel to the version before OPTIMIZE still reads), an untracked file older than 7 days is

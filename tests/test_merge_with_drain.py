@@ -57,6 +57,7 @@ def assert_equal_to_source(db: Database, config: Config) -> None:
         assert_delta_equals_source(conn, config, TABLES)
 
 
+@pytest.mark.slow
 def test_a_drain_run_merges_the_tables_it_brought_changes_to(
     pg: Database, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -51,6 +51,7 @@ def _assert_exact(pipe: Pipeline, spark: Any, what: str) -> None:
     assert not problems, f"after {what}:\n{problems}"
 
 
+@pytest.mark.slow
 def test_each_migration_leaves_the_mirror_equal_to_its_source(pg_any: Database, spark: Any, tmp_path: Path) -> None:
     """The migrations that broke the mirror (a constant, NOT NULL or stable default, a rename, a
     drop and an add of the same name, the key renamed) and those that did not, one after another,

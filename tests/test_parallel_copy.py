@@ -144,6 +144,7 @@ def _blocks(pg: Database, table: str) -> int:
     return int(blocks)
 
 
+@pytest.mark.slow
 def test_parallel_setup_equals_the_source(pg: Database, tmp_path: Path) -> None:
     """Three workers copy tables split into ctid ranges — a plain table with holes, an
     inheritance parent without its child's rows, a partitioned table through its root (ranges

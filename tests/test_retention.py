@@ -287,6 +287,7 @@ def test_a_base_is_rewritten_only_once_the_changes_are_worth_it(pg: Database, tm
 
 
 @pytest.mark.parametrize("point", ["retention-base", "retention-checkpoint", "retention-delete"])
+@pytest.mark.slow
 def test_a_drain_killed_while_folding_leaves_a_correct_log(pg: Database, tmp_path: Path, point: str) -> None:
     pipe = kinds_drained(pg, tmp_path)
     for table in KINDS:

@@ -167,6 +167,7 @@ class _InProcess:
         return self.caplog.text.count(RECONNECTING)
 
 
+@pytest.mark.slow
 def test_a_following_drain_rides_out_a_crash_of_its_server(
     server: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

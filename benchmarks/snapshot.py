@@ -1,7 +1,7 @@
 """Initial-snapshot benchmark: setup's copy of one large table against the source's own read rate.
 
     python benchmarks/snapshot.py [--pg 16] [--rows 10000000] [--workers 1,2,4] [--baseline-repeat 3]
-                                  [--load-tps 500] [--part setup|online] [--json out.json]
+                                  [--load-tps 500] [--part setup|online] [--path c|python] [--json out.json]
 
 A throwaway cluster gets one table of ``--rows`` rows (8 columns: bigint key, int, text, timestamptz,
 numeric, boolean, double, a text that is NULL in every fifth row; 10,000,000 rows are ~1.1 GiB of
@@ -24,6 +24,11 @@ online: the same table set up once (not timed), then ``cdc_assets.pipeline.onlin
        new keys, 10% deletes). Reported: the copy's seconds, rows/s and MiB/s, CPU seconds, the
        write rate the load achieved during the copy, and the drain that follows (the load's changes
        and the run's announcement). The server CPU includes the load's backend.
+
+``--path`` chooses the copy's row splitter (``cdc_assets/source/copy_rows.py``): ``c``, the C
+module, or ``python``, the pure Python one an install without a C compiler runs (the benchmark runs
+itself again with ``CDC_ASSETS_COPY_ROWS`` set, which its copy workers inherit); by default C where
+it was built.
 
 Further parts run on the same table: add one to ``PARTS`` (a function taking the arguments, the
 cluster, the table's facts and a work folder, returning its JSON).
@@ -56,6 +61,8 @@ from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.online_snapshot import TableCopied, snapshot_tables
 from cdc_assets.pipeline.setup import setup
 from cdc_assets.source.connection import one_row
+from cdc_assets.source.copy_rows import ENV as COPY_ROWS_ENV
+from cdc_assets.source.copy_rows import PATH as COPY_ROWS_PATH
 from cdc_sandbox.pgcluster import ThrowawayCluster
 
 TABLE = "public.snap"
@@ -329,15 +336,24 @@ def main() -> int:
     parser.add_argument("--baseline-repeat", type=int, default=3)
     parser.add_argument("--load-tps", type=int, default=500, help="write rate during the online snapshot")
     parser.add_argument("--part", choices=[*PARTS, "all"], default="all")
+    parser.add_argument("--path", choices=["c", "python"], help="the copy's row splitter (default: C where built)")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()
+    if args.path is not None and args.path != COPY_ROWS_PATH:  # chosen at import: run again with it set
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, COPY_ROWS_ENV: args.path})
+    print(f"copy rows split on the {COPY_ROWS_PATH} path", flush=True)
     code = common.code_version()
     load = common.load_snapshot()
     print(common.describe_code(code), flush=True)
     print(common.describe_load(load), flush=True)
     cluster = common.start_cluster(args.pg)
     work = Path(tempfile.mkdtemp(prefix="cdc-bench-snapshot-"))
-    report: dict[str, Any] = {"machine": common.machine(), "command": sys.argv, "load_before": load}
+    report: dict[str, Any] = {
+        "machine": common.machine(),
+        "command": sys.argv,
+        "copy_path": COPY_ROWS_PATH,
+        "load_before": load,
+    }
     try:
         with psycopg.connect(cluster.dsn()) as conn:
             report["server_version"] = one_row(conn.execute("SHOW server_version"))[0]

@@ -3,9 +3,10 @@ where the C module (``_copy_rows.c``) was not built, e.g. an install without a C
 mirrors the C module's interface, checks, error messages and output buffers exactly
 (``tests/test_copy_paths.py`` compares the two on a real server's rows).
 
-A row costs one Python step, receiving it (psycopg's ``PGconn.get_copy_data``); a block's rows
-are then split at once, a column at a time over every row with numpy, and each column's values
-gathered by pyarrow's ``take`` from the block's bytes cut at every field boundary. A malformed row
+A row costs one Python step, receiving it (psycopg's ``PGconn.get_copy_data``) and appending it
+to the block's bytes; a block's rows are then split at once, a column at a time over every row
+with numpy, and each column's values gathered by pyarrow's ``take`` from the block's bytes cut at
+every field boundary. A malformed row
 is therefore reported when its block is taken (not when it arrives), naming the same row of the
 block as the C module would.
 """
@@ -13,6 +14,7 @@ block as the C module would.
 from __future__ import annotations
 
 import struct
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,13 +43,14 @@ _PADDING = 8
 class RowSplitter:
     """Binary COPY rows split into one binary column each (``_copy_rows.RowSplitter`` in Python)."""
 
-    __slots__ = ("_bytes", "_columns", "_ended", "_header_done", "_messages")
+    __slots__ = ("_block", "_bytes", "_columns", "_ended", "_header_done", "_lengths")
 
     def __init__(self, columns: int) -> None:
         if not 0 <= columns <= MAX_COLUMNS:
             raise ValueError(f"a table has 0 to {MAX_COLUMNS} columns, not {columns}")
         self._columns = columns
-        self._messages: list[bytes | memoryview] = []
+        self._block = bytearray()  # the block's rows, one after the other
+        self._lengths = array("q")  # each row's length
         self._bytes = 0
         self._header_done = False
         self._ended = False
@@ -55,36 +58,47 @@ class RowSplitter:
     @property
     def rows(self) -> int:
         """Rows in the block."""
-        return len(self._messages)
+        return len(self._lengths)
 
     def add_message(self, message: bytes | bytearray | memoryview, /) -> None:
         """Add one CopyData message's contents (the header, a row, or the trailer)."""
-        self._add(memoryview(bytes(message)))
+        self._add(memoryview(message))
 
     def receive(self, pgconn: pq.abc.PGconn, max_rows: int, max_bytes: int, /) -> int:
         """Take rows from libpq until the block holds ``max_rows`` rows or reaches ``max_bytes``
         (``RECEIVE_LIMIT``), libpq holds no complete message (``RECEIVE_WAIT``), or the COPY has
         ended (``RECEIVE_ENDED``; ``RECEIVE_FAILED``: libpq's result tells why)."""
-        get_copy_data, append = pgconn.get_copy_data, self._messages.append
-        while len(self._messages) < max_rows and self._bytes < max_bytes:
+        get_copy_data, block, lengths = pgconn.get_copy_data, self._block, self._lengths
+        append, rows, size = lengths.append, len(lengths), self._bytes
+        plain = self._header_done and not self._ended  # a message that can only be a row
+        status = RECEIVE_LIMIT
+        while rows < max_rows and size < max_bytes:
             try:
                 length, message = get_copy_data(1)
             except psycopg.OperationalError:  # libpq's -2, as the C module sees it
-                return RECEIVE_FAILED
+                status = RECEIVE_FAILED
+                break
             if length <= 0:
-                return RECEIVE_ENDED if length == -1 else RECEIVE_WAIT
-            if length == 2 or not self._header_done or self._ended:
-                self._add(message)
+                status = RECEIVE_ENDED if length == -1 else RECEIVE_WAIT
+                break
+            if plain and length != 2:
+                block += message
+                append(length)
+                rows += 1
+                size += length
             else:
-                append(message)
-                self._bytes += length
-        return RECEIVE_LIMIT
+                self._bytes = size
+                self._add(message)
+                rows, size, plain = len(lengths), self._bytes, self._header_done and not self._ended
+        self._bytes = size
+        return status
 
     def take(self) -> list[ColumnBuffers]:
         """The block's columns as ``(validity, offsets, values, nulls, wide)``, and a new block;
         ``ValueError`` naming the block's first malformed row."""
-        messages, self._messages, self._bytes = self._messages, [], 0
-        return _Split(messages, self._columns).columns()
+        block, lengths = self._block, self._lengths
+        self._block, self._lengths, self._bytes = bytearray(), array("q"), 0
+        return _Split(block, lengths, self._columns).columns()
 
     def _add(self, message: memoryview) -> None:
         """One CopyData message: the header first (with a row, the trailer or nothing), then a
@@ -98,7 +112,8 @@ class RowSplitter:
         if message == TRAILER:
             self._ended = True
             return
-        self._messages.append(message)
+        self._block += message
+        self._lengths.append(len(message))
         self._bytes += len(message)
 
     def _after_header(self, message: memoryview) -> memoryview:
@@ -111,100 +126,122 @@ class RowSplitter:
         return message[HEADER_SIZE + extension :]
 
     def _malformed(self, reason: str) -> ValueError:
-        return ValueError(f"{reason} (row {len(self._messages) + 1} of the block)")
+        return ValueError(f"{reason} (row {len(self._lengths) + 1} of the block)")
+
+
+@dataclass(slots=True)
+class _Checks:
+    """Why each row of a block is malformed: the first check it failed (``reason``, 0: none) and
+    the column it failed in; kept only once a row fails."""
+
+    rows: int
+    reason: np.ndarray | None = None
+    column: np.ndarray | None = None
+
+    def check(self, failed: np.ndarray, code: int, column: int = 0) -> None:
+        """Rows where ``failed`` is true fail ``code`` in ``column``, unless they failed before."""
+        if not failed.any():
+            return
+        if self.reason is None or self.column is None:
+            self.reason, self.column = np.zeros(self.rows, np.int8), np.zeros(self.rows, np.int64)
+        new = failed & (self.reason == 0)
+        self.reason[new] = code
+        self.column[new] = column
+
+    def safe(self, at: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        """``at``, with ``fallback`` for the rows that failed (a position that can be read)."""
+        return at if self.reason is None else np.where(self.reason == 0, at, fallback)
+
+    def first(self) -> tuple[int, int, int] | None:
+        """The first malformed row, with its reason and column; None when every row is sound."""
+        if self.reason is None or self.column is None:
+            return None
+        row = int(np.argmax(self.reason != 0))
+        return row, int(self.reason[row]), int(self.column[row])
 
 
 @dataclass(slots=True)
 class _Split:
     """A block's rows split into columns: every row's field at a time, with numpy."""
 
-    messages: list[bytes | memoryview]
-    columns_count: int
+    block: bytearray
+    lengths: array[int]
+    count: int
 
     def columns(self) -> list[ColumnBuffers]:
-        rows = len(self.messages)
-        lengths = np.fromiter(map(len, self.messages), np.int64, count=rows)
+        rows = len(self.lengths)
+        lengths = np.frombuffer(self.lengths, np.int64)
         ends = np.cumsum(lengths)
         starts = ends - lengths
-        data = b"".join([*self.messages, bytes(_PADDING)])
-        block = np.frombuffer(data, np.uint8)
-        reason = np.zeros(rows, np.int8)  # per row: the first check it failed (0: none)
-        column_of = np.zeros(rows, np.int64)
-
-        def fail(condition: np.ndarray, code: int, column: int = 0) -> None:
-            new = condition & (reason == 0)
-            reason[new] = code
-            column_of[new] = column
-
-        fail(lengths < 2, _SHORT)
-        fields = _int_at(block, starts, 2)
-        fail(fields != self.columns_count, _FIELDS)
-        at = np.where(reason == 0, starts + 2, starts)
+        self.block += bytes(_PADDING)
+        int16_at, int32_at = _ints(self.block, 2), _ints(self.block, 4)
+        checks = _Checks(rows)
+        checks.check(lengths < 2, _SHORT)
+        fields = int16_at[starts]
+        checks.check(fields != self.count, _FIELDS)
+        at = checks.safe(starts + 2, starts)
         sizes, value_at = [], []
-        for column in range(self.columns_count):
-            fail(ends - at < 4, _LENGTH, column)
-            at = np.where(reason == 0, at, starts)
-            size = _int_at(block, at, 4)
+        for column in range(self.count):
+            checks.check(ends - at < 4, _LENGTH, column)
+            at = checks.safe(at, starts)
+            size = int32_at[at].astype(np.int64)
             at = at + 4
-            fail(size < -1, _NEGATIVE, column)
-            fail(ends - at < size, _VALUE, column)
+            checks.check(size < -1, _NEGATIVE, column)
+            length = np.maximum(size, 0)
+            checks.check(ends - at < length, _VALUE, column)
             sizes.append(size)
             value_at.append(at)
-            at = np.where(reason == 0, at + np.maximum(size, 0), starts)
-        fail(at != ends, _END)
-        if reason.any():
-            row = int(np.argmax(reason != 0))
-            raise ValueError(
-                f"{self._reason(int(reason[row]), int(column_of[row]), int(fields[row]))} (row {row + 1} of the block)"
-            )
-        return self._gather(data, starts, sizes, value_at)
+            at = checks.safe(at + length, starts)
+        checks.check(at != ends, _END)
+        if (first := checks.first()) is not None:
+            row, code, column = first
+            raise ValueError(f"{self._reason(code, column, int(fields[row]))} (row {row + 1} of the block)")
+        return self._gather(starts, sizes, value_at)
 
     def _reason(self, code: int, column: int, fields: int) -> str:
         return {
             _SHORT: "a row shorter than its field count",
-            _FIELDS: f"a row with {fields} fields, expected {self.columns_count}",
+            _FIELDS: f"a row with {fields} fields, expected {self.count}",
             _LENGTH: f"column {column + 1}'s length does not fit the row",
             _NEGATIVE: f"column {column + 1} has a negative length",
             _VALUE: f"column {column + 1}'s value does not fit the row",
             _END: "the row's end does not fit the row",
         }[code]
 
-    def _gather(
-        self, data: bytes, starts: np.ndarray, sizes: list[np.ndarray], value_at: list[np.ndarray]
-    ) -> list[ColumnBuffers]:
+    def _gather(self, starts: np.ndarray, sizes: list[np.ndarray], value_at: list[np.ndarray]) -> list[ColumnBuffers]:
         """The block cut at every field boundary — per row its field count and first length,
         then each value and the next length — taken apart into one array per column."""
-        rows, count = len(starts), self.columns_count
+        rows, count = len(starts), self.count
         if not count:
             return []
-        bounds = np.empty((rows, 2 * count), np.int64)
-        bounds[:, 0] = starts
-        for column, (size, at) in enumerate(zip(sizes, value_at)):
-            bounds[:, 2 * column + 1] = at
-            if column + 1 < count:
-                bounds[:, 2 * column + 2] = at + np.maximum(size, 0)
-        size_of_rows = len(data) - _PADDING
+        size_of_rows = len(self.block) - _PADDING
         wide_block = size_of_rows > INT32_MAX
-        offsets = np.append(bounds.ravel(), size_of_rows).astype(np.int64 if wide_block else np.int32)
+        bounds = np.empty(rows * 2 * count + 1, np.int64 if wide_block else np.int32)
+        grid = bounds[:-1].reshape(rows, 2 * count)
+        grid[:, 0] = starts
+        for column, (size, at) in enumerate(zip(sizes, value_at)):
+            grid[:, 2 * column + 1] = at
+            if column + 1 < count:
+                grid[:, 2 * column + 2] = at + np.maximum(size, 0)
+        bounds[-1] = size_of_rows
         pieces = pa.Array.from_buffers(
             pa.large_binary() if wide_block else pa.binary(),
             rows * 2 * count,
-            [None, pa.py_buffer(offsets), pa.py_buffer(data)],
+            [None, pa.py_buffer(bounds), pa.py_buffer(self.block)],
         )
         taken: list[ColumnBuffers] = []
         for column, size in enumerate(sizes):
-            values = pieces.take(pa.array(np.arange(rows, dtype=np.int64) * (2 * count) + (2 * column + 1)))
-            wide = int(np.maximum(size, 0).sum()) > INT32_MAX
+            values = pieces.take(pa.array(np.arange(2 * column + 1, rows * 2 * count, 2 * count, dtype=np.int64)))
+            wide = wide_block and int(np.maximum(size, 0).sum()) > INT32_MAX
             if wide_block and not wide:
                 values = values.cast(pa.binary())
-            nulls = int((size == -1).sum())
+            nulls = int(np.count_nonzero(size == -1))
             validity = np.packbits(size != -1, bitorder="little").tobytes() if nulls else None
-            _, offsets_buffer, values_buffer = values.buffers()
-            taken.append((validity, memoryview(offsets_buffer), memoryview(values_buffer), nulls, wide))
+            _, offsets, values_buffer = values.buffers()
+            taken.append((validity, memoryview(offsets), memoryview(values_buffer), nulls, wide))
         return taken
 
 
-def _int_at(block: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """The big-endian signed ``width``-byte integers at each of ``at``, as int64."""
-    gathered = block[at[:, None] + np.arange(width)]
-    return gathered.view(f">i{width}").reshape(len(at)).astype(np.int64)
+def _ints(data: bytearray, width: int) -> np.ndarray:
+    """The big-endian signed ``width``-byte integer starting at each byte of ``data`` (a view)."""
+    return np.ndarray((len(data) - width + 1,), f">i{width}", data, strides=(1,))

@@ -13,9 +13,9 @@ from typing import Protocol
 from psycopg import pq
 
 from cdc_assets.errors import CdcError
-from cdc_assets.source import rows_in_python
 from cdc_assets.source.libpq import copy_functions
 from cdc_assets.source.rows_in_python import RECEIVE_LIMIT, RECEIVE_WAIT, ColumnBuffers
+from cdc_assets.source.rows_in_python import RowSplitter as PythonRowSplitter
 
 __all__ = ["PATH", "PATHS", "RECEIVE_LIMIT", "RECEIVE_WAIT", "SPLIT_IN", "RowSplitter"]
 
@@ -36,7 +36,7 @@ PATHS: dict[str, Callable[[int], RowSplitter]] = {}
 """The paths this install has, by name, the preferred first."""
 
 try:
-    from cdc_assets.source import _copy_rows
+    import cdc_assets.source._copy_rows as _copy_rows
 except ImportError:  # built without a C compiler
     pass
 else:
@@ -70,7 +70,7 @@ else:
             return list(self._splitter.take())
 
     PATHS["c"] = _CRowSplitter
-PATHS["python"] = rows_in_python.RowSplitter
+PATHS["python"] = PythonRowSplitter
 
 
 def _chosen() -> str:

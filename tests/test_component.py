@@ -198,19 +198,11 @@ def test_a_dg_project_mirrors_two_databases_and_runs_its_own_asset_after_the_mir
             assert latest(REPORT).storage_id > latest(mirror).storage_id
             tick = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=tick.cursor)
             assert tick.get_num_requested(REPORT) == 0  # nothing new upstream
-            commit_each(
-                pg,
-                [
-                    [
-                        "INSERT INTO public.customers VALUES (6, 'late'), (7, 'later')",
-                        "DELETE FROM public.orders WHERE id = 2",
-                    ]
-                ],
-            )
-            commit_each(
-                pg_other,
-                [["UPDATE public.invoices SET paid = true", "INSERT INTO public.invoices VALUES (9, 1, false)"]],
-            )
+            first = 10 + 2 * round_number
+            customers = f"INSERT INTO public.customers VALUES ({first}, 'late'), ({first + 1}, 'later')"
+            commit_each(pg, [[customers, f"DELETE FROM public.orders WHERE id = {round_number + 2}"]])
+            invoices = f"INSERT INTO public.invoices VALUES ({first}, 1, false)"
+            commit_each(pg_other, [["UPDATE public.invoices SET paid = NOT paid", invoices]])
             drain_and_merge()
 
     for db, config in sources.values():

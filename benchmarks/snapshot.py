@@ -1,7 +1,7 @@
 """Initial-snapshot benchmark: setup's copy of one large table against the source's own read rate.
 
     python benchmarks/snapshot.py [--pg 16] [--rows 10000000] [--workers 1,2,4] [--baseline-repeat 3]
-                                  [--load-tps 500] [--part setup|online] [--json out.json]
+                                  [--load-tps 500] [--part all|setup,online,read] [--path c|python] [--json out.json]
 
 A throwaway cluster gets one table of ``--rows`` rows (8 columns: bigint key, int, text, timestamptz,
 numeric, boolean, double, a text that is NULL in every fifth row; 10,000,000 rows are ~1.1 GiB of
@@ -24,6 +24,16 @@ online: the same table set up once (not timed), then ``cdc_assets.pipeline.onlin
        new keys, 10% deletes). Reported: the copy's seconds, rows/s and MiB/s, CPU seconds, the
        write rate the load achieved during the copy, and the drain that follows (the load's changes
        and the run's announcement). The server CPU includes the load's backend.
+
+read:  ``cdc_assets.source.binary_copy.read_columns`` over the whole table in this process: the rows
+       received and split into one binary array per column (nothing converted or written), on the
+       path ``--path`` chooses; ``--baseline-repeat`` times. Reported: seconds, rows/s, MiB/s of
+       heap and this process's CPU µs per row (median run).
+
+``--path`` chooses the copy's row splitter (``cdc_assets/source/copy_rows.py``): ``c``, the C
+module, or ``python``, the pure Python one an install without a C compiler runs (the benchmark runs
+itself again with ``CDC_ASSETS_COPY_ROWS`` set, which its copy workers inherit); by default C where
+it was built.
 
 Further parts run on the same table: add one to ``PARTS`` (a function taking the arguments, the
 cluster, the table's facts and a work folder, returning its JSON).
@@ -55,7 +65,10 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.online_snapshot import TableCopied, snapshot_tables
 from cdc_assets.pipeline.setup import setup
+from cdc_assets.source.binary_copy import read_columns
 from cdc_assets.source.connection import one_row
+from cdc_assets.source.copy_rows import ENV as COPY_ROWS_ENV
+from cdc_assets.source.copy_rows import PATH as COPY_ROWS_PATH
 from cdc_sandbox.pgcluster import ThrowawayCluster
 
 TABLE = "public.snap"
@@ -315,10 +328,46 @@ def part_online(args: argparse.Namespace, cluster: ThrowawayCluster, table: Tabl
     return result
 
 
+def part_read(args: argparse.Namespace, cluster: ThrowawayCluster, table: TableFacts, work: Path) -> dict[str, Any]:
+    select = f"SELECT * FROM ONLY {TABLE}"
+    query = f"COPY ({select}) TO STDOUT (FORMAT binary)"
+    runs = []
+    for _ in range(args.baseline_repeat):
+        with psycopg.connect(cluster.dsn()) as conn:
+            columns = len(conn.execute(f"{select} LIMIT 0").description or [])
+            cpu, started = time.process_time(), time.perf_counter()
+            rows = sum(len(block[0]) for block in read_columns(conn, query, columns))
+            runs.append({"seconds": time.perf_counter() - started, "cpu_s": time.process_time() - cpu, "rows": rows})
+    run = sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
+    result = {
+        "path": COPY_ROWS_PATH,
+        "runs": runs,
+        "rows_per_s": run["rows"] / run["seconds"],
+        "mib_per_s": table.heap_bytes / common.MiB / run["seconds"],
+        "cpu_us_per_row": run["cpu_s"] / run["rows"] * 1e6,
+    }
+    seconds = ", ".join(f"{r['seconds']:.2f}" for r in runs)
+    print(
+        f"[read] {COPY_ROWS_PATH} path: {seconds} s"
+        f" ({result['rows_per_s']:,.0f} rows/s, {result['mib_per_s']:,.0f} MiB/s of heap,"
+        f" {result['cpu_us_per_row']:.2f} µs of CPU per row)",
+        flush=True,
+    )
+    return result
+
+
 PARTS: dict[str, Callable[[argparse.Namespace, ThrowawayCluster, TableFacts, Path], dict[str, Any]]] = {
     "setup": part_setup,
     "online": part_online,
+    "read": part_read,
 }
+
+
+def _parts(text: str) -> list[str]:
+    parts = text.split(",")
+    if unknown := set(parts) - {*PARTS, "all"}:
+        raise argparse.ArgumentTypeError(f"no part {', '.join(sorted(unknown))}; parts: all, {', '.join(PARTS)}")
+    return parts
 
 
 def main() -> int:
@@ -328,16 +377,25 @@ def main() -> int:
     parser.add_argument("--workers", type=lambda s: [int(w) for w in s.split(",")], default=[1, 2, 4])
     parser.add_argument("--baseline-repeat", type=int, default=3)
     parser.add_argument("--load-tps", type=int, default=500, help="write rate during the online snapshot")
-    parser.add_argument("--part", choices=[*PARTS, "all"], default="all")
+    parser.add_argument("--part", type=_parts, default=["all"], help=f"all, or some of {','.join(PARTS)}")
+    parser.add_argument("--path", choices=["c", "python"], help="the copy's row splitter (default: C where built)")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args()
+    if args.path is not None and args.path != COPY_ROWS_PATH:  # chosen at import: run again with it set
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, COPY_ROWS_ENV: args.path})
+    print(f"copy rows split on the {COPY_ROWS_PATH} path", flush=True)
     code = common.code_version()
     load = common.load_snapshot()
     print(common.describe_code(code), flush=True)
     print(common.describe_load(load), flush=True)
     cluster = common.start_cluster(args.pg)
     work = Path(tempfile.mkdtemp(prefix="cdc-bench-snapshot-"))
-    report: dict[str, Any] = {"machine": common.machine(), "command": sys.argv, "load_before": load}
+    report: dict[str, Any] = {
+        "machine": common.machine(),
+        "command": sys.argv,
+        "copy_path": COPY_ROWS_PATH,
+        "load_before": load,
+    }
     try:
         with psycopg.connect(cluster.dsn()) as conn:
             report["server_version"] = one_row(conn.execute("SHOW server_version"))[0]
@@ -346,7 +404,7 @@ def main() -> int:
         print(f"[table] {table.rows:,} rows, {table.heap_bytes / common.MiB:,.0f} MiB of heap", flush=True)
         binary_copy(cluster)  # into the page cache
         for name, part in PARTS.items():
-            if args.part in (name, "all"):
+            if name in args.part or "all" in args.part:
                 report[name] = part(args, cluster, table, work)
     finally:
         cluster.stop()

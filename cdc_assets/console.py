@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 from cdc_assets.pipeline.sync import Described
+from cdc_assets.source.copy_rows import SPLIT_IN
 
 
 class Progress:
@@ -41,7 +42,8 @@ class Progress:
 
 class CopyRates:
     """The initial copy's progress line: a table's rows and rows/s since the copy's first block
-    (tables are copied at once, so each table's rate is its share of the copy)."""
+    (tables are copied at once, so each table's rate is its share of the copy), and the path the
+    rows are split on (C or pure Python)."""
 
     def __init__(self) -> None:
         self._started: float | None = None
@@ -50,7 +52,7 @@ class CopyRates:
         now = time.monotonic()
         self._started = self._started or now
         rate = f", {rows / (now - self._started):,.0f} rows/s" if now > self._started else ""
-        return f"snapshot {table}: {rows:,} rows{rate}"
+        return f"snapshot {table}: {rows:,} rows{rate} ({SPLIT_IN})"
 
 
 def printer(progress: Progress | None = None) -> Callable[[Described], None]:

@@ -1,7 +1,8 @@
-"""Splitting binary COPY messages into columns (``cdc_assets/source/binary_copy.py``, in C:
-``_copy_rows.c``), on messages built by hand: values and NULLs in place, and malformed rows and
-headers refused with the row named. The real server's rows are checked in
-``tests/test_parallel_copy.py`` and ``tests/test_source.py``."""
+"""Splitting binary COPY messages into columns (``cdc_assets/source/binary_copy.py``), on each
+path — C (``_copy_rows.c``) and pure Python (``rows_in_python.py``) — on messages built by hand:
+values and NULLs in place, and malformed rows and headers refused with the row named. The real
+server's rows are checked in ``tests/test_copy_paths.py``, ``tests/test_parallel_copy.py`` and
+``tests/test_source.py``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ import pytest
 
 from cdc_assets.errors import DecodeError
 from cdc_assets.source.binary_copy import CopyRows
+from cdc_assets.source.copy_rows import PATHS
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 HEADER = SIGNATURE + struct.pack("!ii", 0, 0)
 TRAILER = b"\xff\xff"
+
+
+@pytest.fixture(params=list(PATHS))
+def path(request: pytest.FixtureRequest) -> str:
+    """Each binary copy path this install has (both where the C module is built)."""
+    return str(request.param)
 
 
 def row(*fields: bytes | None, count: int | None = None) -> bytes:
@@ -26,9 +34,9 @@ def row(*fields: bytes | None, count: int | None = None) -> bytes:
     return b"".join(parts)
 
 
-def split(rows: list[bytes], columns: int, header: bytes = HEADER) -> list[pa.Array]:
+def split(rows: list[bytes], columns: int, path: str, header: bytes = HEADER) -> list[pa.Array]:
     """The rows sent as PostgreSQL sends them: the header with the first, the trailer alone."""
-    copy = CopyRows(columns)
+    copy = CopyRows(columns, path)
     for message in [header + rows[0], *rows[1:]] if rows else [header + TRAILER]:
         copy.add_message(message)
     if rows:
@@ -37,21 +45,21 @@ def split(rows: list[bytes], columns: int, header: bytes = HEADER) -> list[pa.Ar
     return copy.take()
 
 
-def test_rows_split_into_columns_with_nulls() -> None:
+def test_rows_split_into_columns_with_nulls(path: str) -> None:
     rows = [row(b"\x00\x00\x00\x01", b"abc"), row(None, b""), row(b"\xff" * 4, None), row(b"\x80" * 4, b"x" * 300)]
-    columns = split(rows, 2)
+    columns = split(rows, 2, path)
     assert [column.to_pylist() for column in columns] == [
         [b"\x00\x00\x00\x01", None, b"\xff" * 4, b"\x80" * 4],
         [b"abc", b"", None, b"x" * 300],
     ]
     assert [column.null_count for column in columns] == [1, 1]
     assert [column.type for column in columns] == [pa.binary(), pa.binary()]
-    assert split([row(), row()], 0) == []
-    assert [column.to_pylist() for column in split([], 2)] == [[], []]
+    assert split([row(), row()], 0, path) == []
+    assert [column.to_pylist() for column in split([], 2, path)] == [[], []]
 
 
-def test_a_block_taken_starts_the_next() -> None:
-    copy = CopyRows(1)
+def test_a_block_taken_starts_the_next(path: str) -> None:
+    copy = CopyRows(1, path)
     copy.add_message(HEADER + row(b"a"))
     copy.add_message(row(None))
     assert [column.to_pylist() for column in copy.take()] == [[b"a", None]]
@@ -73,15 +81,15 @@ def test_a_block_taken_starts_the_next() -> None:
         ([row(b"a", b"b"), TRAILER, row(b"a", b"b")], "a message after the trailer (row 2"),
     ],
 )
-def test_malformed_rows_are_refused(rows: list[bytes], reason: str) -> None:
+def test_malformed_rows_are_refused(rows: list[bytes], reason: str, path: str) -> None:
     with pytest.raises(DecodeError, match="malformed binary COPY data") as failure:
-        split(rows, 2)
+        split(rows, 2, path)
     assert reason in str(failure.value)
 
 
-def test_header() -> None:
+def test_header(path: str) -> None:
     extension = SIGNATURE + struct.pack("!ii", 0, 4) + b"extn"
-    assert [column.to_pylist() for column in split([row(b"a")], 1, header=extension)] == [[b"a"]]
+    assert [column.to_pylist() for column in split([row(b"a")], 1, path, header=extension)] == [[b"a"]]
     for bad in (b"PGCOPY\n\xff\r\n\x01" + bytes(8), SIGNATURE + struct.pack("!ii", 1 << 16, 0), SIGNATURE[:5]):
         with pytest.raises(DecodeError, match="header"):
-            split([row(b"a")], 1, header=bad)
+            split([row(b"a")], 1, path, header=bad)

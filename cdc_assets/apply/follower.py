@@ -4,7 +4,9 @@ reaches its Delta table seconds after its commit, with no run or process per mer
 
 The drain never waits for a merge. Up to ``spark.parallel_merges`` tables merge at once, each
 worker on its own session (one worker uses the session it is given); a table is merged by one
-worker at a time, and a table that changes again while it merges is merged again after. Each
+worker at a time, and a table that changes again while it merges is merged again after. The
+table whose oldest unmerged change came with the oldest durable batch is merged first (by name
+among the tables of one batch), so no table waits behind a busy one. Each
 merge reads the checkpoint when it starts, so it takes every batch durable by then: the tables
 queued behind a long merge are not held to the position of an older look. What a merge does is
 exactly what ``cdc-assets apply`` does for the table, on its mirror opened for writing
@@ -80,9 +82,10 @@ class MergeFollower:
         self._seen: dict[str, TableState] | None = None
         self._changed = threading.Event()  # a batch is durable: look for tables to merge
         self._lock = threading.Condition()
-        self._queue: list[str] = []  # tables due, in the order they became due
-        self._merging: set[str] = set()
-        self._again: set[str] = set()  # changed while merging: due once that merge ends
+        self._looks = 0  # the looks so far: a table's age is the look that found its oldest unmerged change
+        self._queue: dict[str, int] = {}  # tables due: the look that found each one due
+        self._merging: dict[str, int] = {}  # tables being merged: the look they were due since
+        self._again: dict[str, int] = {}  # changed while merging: due once that merge ends, since this look
         self._closing = False
         self._finish = True
         self._error: BaseException | None = None
@@ -153,13 +156,14 @@ class MergeFollower:
                     return
                 due = self._due()
                 with self._lock:
+                    self._looks += 1
                     for table in due:
                         if table in self._stopped:
                             continue
                         if table in self._merging:
-                            self._again.add(table)
-                        elif table not in self._queue:
-                            self._queue.append(table)
+                            self._again.setdefault(table, self._looks)
+                        else:
+                            self._queue.setdefault(table, self._looks)
                     self._lock.notify_all()
                 if self._closing:
                     return
@@ -188,7 +192,7 @@ class MergeFollower:
                         log.error("%s", error)
                         with self._lock:
                             self._stopped[table] = error
-                            self._again.discard(table)
+                            self._again.pop(table, None)
                     except Exception as error:
                         if not connect_lost(error):
                             raise
@@ -203,14 +207,13 @@ class MergeFollower:
                         held.close()  # this worker's own session
                         self._session_lost(given)
                         session = None
-                        with self._lock:
-                            self._again.add(table)
+                        with self._lock:  # still due since the look that queued it
+                            self._again[table] = min(self._again.get(table, self._looks), self._merging[table])
                     finally:
                         with self._lock:
-                            self._merging.discard(table)
+                            self._merging.pop(table)
                             if table in self._again:
-                                self._again.discard(table)
-                                self._queue.append(table)
+                                self._queue[table] = self._again.pop(table)
                             lined_up = not self._queue and not self._merging
                             self._lock.notify_all()
                     if pause is not None:
@@ -244,8 +247,8 @@ class MergeFollower:
                 if self._closing and not self._finish:
                     return None
                 if self._queue:
-                    table = self._queue.pop(0)
-                    self._merging.add(table)
+                    table = min(self._queue, key=lambda name: (self._queue[name], name))
+                    self._merging[table] = self._queue.pop(table)
                     return table
                 if self._closing and not self._threads[0].is_alive():
                     return None  # the last look is done and its tables are merged or being merged

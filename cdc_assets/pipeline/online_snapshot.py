@@ -51,6 +51,7 @@ from cdc_assets.source import (
     published_tables,
 )
 from cdc_assets.source.connection import one_row
+from cdc_assets.source.copy_rows import SPLIT_IN
 
 MAX_SLOT_NAME = 63
 
@@ -84,7 +85,7 @@ class CopyProgress:
         estimate = f" of ~{self.estimated_rows:,}" if self.estimated_rows else ""
         return (
             f"snapshot {self.table}: {self.rows:,}{estimate} rows, {self.chunks} chunks,"
-            f" {self.rows_per_s:,.0f} rows/s{eta}"
+            f" {self.rows_per_s:,.0f} rows/s{eta} ({SPLIT_IN})"
         )
 
 

@@ -14,7 +14,8 @@ NULL) and that many bytes; finally the int16 -1. PostgreSQL sends one CopyData m
 the header with the first (or with the trailer, when there is none) and the trailer alone. A
 small C module (``_copy_rows.c``) takes the messages from libpq and splits each row into the
 columns as it arrives: a loop over rows in Python cost more CPU than the server's send functions
-(docs/architecture.md, "The initial snapshot").
+(docs/architecture.md, "The initial snapshot"). Where it was not built, a pure Python splitter
+does the same a block at a time (``copy_rows.py`` chooses).
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from psycopg import pq
 from cdc_assets.errors import DecodeError
 from cdc_assets.names import quote_identifier
 from cdc_assets.pgoutput.schema import RelationSchema
-from cdc_assets.source._copy_rows import RECEIVE_LIMIT, RECEIVE_WAIT, RowSplitter
-from cdc_assets.source.libpq import copy_functions
+from cdc_assets.source.copy_rows import PATH, PATHS, RECEIVE_LIMIT, RECEIVE_WAIT
 
 BLOCK_BYTES = 4 << 20
 """Bytes split at a time when no row count is asked for (plus the row that crosses it)."""
@@ -79,13 +79,18 @@ def read_columns(
     *,
     block_rows: int = sys.maxsize,
     block_bytes: int = BLOCK_BYTES,
+    path: str = PATH,
 ) -> Generator[list[pa.Array], None, None]:
     """Run a :meth:`CopySelect.query` and yield its rows a block at a time (``block_rows`` rows, or
-    the rows that reach ``block_bytes``), one binary array per column (null for NULL).
+    the rows that reach ``block_bytes``), one binary array per column (null for NULL), split on
+    ``path`` (:data:`~cdc_assets.source.copy_rows.PATHS`).
 
     Closing the generator early cancels the COPY.
     """
-    with conn.cursor().copy(query), _Receiver(conn, columns) as receiver:  # leaving on an exception cancels the COPY
+    with (
+        conn.cursor().copy(query),
+        _Receiver(conn, CopyRows(columns, path)) as receiver,
+    ):  # leaving on an exception cancels the COPY
         while not receiver.done:
             block = receiver.block(block_rows, block_bytes)
             if block:
@@ -93,11 +98,11 @@ def read_columns(
 
 
 class CopyRows:
-    """Binary COPY messages split into one binary array per column as they arrive (in C:
-    ``_copy_rows.c``; a bad message raises :class:`DecodeError` naming the row of the block)."""
+    """Binary COPY messages split into one binary array per column (on ``path``: C or Python,
+    ``copy_rows.py``); a bad message raises :class:`DecodeError` naming the row of the block."""
 
-    def __init__(self, columns: int) -> None:
-        self._splitter = RowSplitter(columns)
+    def __init__(self, columns: int, path: str = PATH) -> None:
+        self._splitter = PATHS[path](columns)
 
     def add_message(self, message: bytes) -> None:
         """Add one CopyData message's contents: the header (with the first row), a row, or the trailer."""
@@ -108,15 +113,8 @@ class CopyRows:
         """Take rows from libpq until the block holds ``max_rows`` rows or reaches ``max_bytes``
         (``RECEIVE_LIMIT``), libpq holds no complete message (``RECEIVE_WAIT``), or the COPY has
         ended (``RECEIVE_ENDED``; ``RECEIVE_FAILED``: libpq's result tells why)."""
-        functions = copy_functions()
         with _malformed():
-            return self._splitter.receive(
-                pgconn.pgconn_ptr,  # type: ignore[attr-defined]  # every implementation has it; the protocol class does not
-                functions.get_copy_data,
-                functions.free_mem,
-                max_rows,
-                max_bytes,
-            )
+            return self._splitter.receive(pgconn, max_rows, max_bytes)
 
     @property
     def rows(self) -> int:
@@ -126,6 +124,8 @@ class CopyRows:
     def take(self) -> list[pa.Array]:
         """The block's columns; the next rows start a new block."""
         rows = self._splitter.rows
+        with _malformed():
+            taken = self._splitter.take()
         return [
             pa.Array.from_buffers(
                 pa.large_binary() if wide else pa.binary(),
@@ -133,7 +133,7 @@ class CopyRows:
                 [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(values)],
                 null_count=nulls,
             )
-            for validity, offsets, values, nulls, wide in self._splitter.take()
+            for validity, offsets, values, nulls, wide in taken
         ]
 
 
@@ -141,10 +141,10 @@ class _Receiver:
     """The rows of a running binary ``COPY … TO STDOUT``, a block at a time, waiting on the socket
     only when libpq holds no complete row."""
 
-    def __init__(self, conn: psycopg.Connection[Any], columns: int) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], rows: CopyRows) -> None:
         self._conn = conn
         self._pgconn = conn.pgconn
-        self._rows = CopyRows(columns)
+        self._rows = rows
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._pgconn.socket, selectors.EVENT_READ)
         self.done = False

@@ -33,6 +33,7 @@ import psycopg
 from cdc_assets.config import load_config
 from cdc_assets.errors import CdcError
 from cdc_assets.pipeline.setup import setup
+from cdc_assets.source.copy_rows import SPLIT_IN
 from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
 from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.demo import workload
@@ -147,7 +148,8 @@ def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) 
             workload.create(conn)
         config = load_config(folder / "cdc.yaml")
         created = setup(config)
-        out(f"snapshot at the slot's consistent point: {', '.join(f'{t} {n:,} rows' for t, n in created.rows.items())}")
+        copied = ", ".join(f"{t} {n:,} rows" for t, n in created.rows.items())
+        out(f"snapshot at the slot's consistent point: {copied} ({SPLIT_IN})")
         settings = load_settings(str(folder / "cdc.yaml"))
         defs, names = build_definitions(settings), settings.naming
         instance = dg.DagsterInstance.get()

@@ -6,6 +6,10 @@
 add_demo_command  # the `demo` command: pyproject.toml's entry point cdc_assets.commands loads it
 point_query  # public API: reading a consistent point with delta-rs (README, "Reading every table as of one moment")
 register_views  # public API: a consistent point as Spark views (README, "Reading every table as of one moment")
+CdcComponent  # the component type: pyproject.toml's entry point dagster_dg_cli.registry_modules, a defs.yaml's `type:`
+_.build_defs  # the same: Dagster calls it to load a component
+_.get_scaffold_params  # dagster_project/scaffold.py: `dg scaffold defs` calls the scaffolder's
+_.scaffold  # the same
 
 # -- used by name ------------------------------------------------------------------------------
 _.flag  # config/loader.py: SectionReader methods, called by the kind a setting names (getattr)

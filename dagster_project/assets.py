@@ -2,8 +2,8 @@
 history partitioned by commit day, and, partitioned by table, the online snapshot and the rebuild
 from the change log.
 
-Keys: ``cdc/changelog``; ``delta/<schema>/<table>``; ``history/<schema>/<table>``; ``cdc/snapshot``;
-``cdc/rebuild`` (``cdc/verify`` is in verify.py).
+Keys (``naming.py``, behind the pipeline's key prefix): ``cdc/changelog``; ``delta/<schema>/<table>``;
+``history/<schema>/<table>``; ``cdc/snapshot``; ``cdc/rebuild`` (``cdc/verify`` is in verify.py).
 Pools keep one drain per slot and one writer per Delta table at a time (set the pools' limit to 1:
 ``concurrency: {pools: {default_limit: 1}}`` in ``dagster.yaml``).
 """
@@ -34,34 +34,15 @@ from cdc_assets.pipeline.drain import DrainResult
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied, snapshot_tables
 from cdc_assets.pipeline.sync import DRAIN_ONLY, Described, sync
 from cdc_assets.source.reconnect import connection_lost
-from dagster_project.consistent import POINT_KEY, point_metadata
+from dagster_project.consistent import point_metadata
 from dagster_project.lag import lag_evaluation
-from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.naming import Naming
+from dagster_project.resources import both_keys, source_keys, source_of, spark_of
 from dagster_project.run_tags import MERGES_TAG
 from dagster_project.settings import Settings
 
-CHANGELOG_KEY = dg.AssetKey(["cdc", "changelog"])
-REBUILD_KEY = dg.AssetKey(["cdc", "rebuild"])
-SNAPSHOT_KEY = dg.AssetKey(["cdc", "snapshot"])
 PROGRESS_INTERVAL_S = 10.0
 REPORT_INTERVAL_S = 30.0
-
-
-def table_slug(table: TableConfig) -> str:
-    """``schema__table``: a name fit for Dagster pools, sensors and jobs."""
-    return f"{table.name.schema}__{table.name.name}".replace(".", "_").replace("-", "_")
-
-
-def mirror_key(table: TableConfig) -> dg.AssetKey:
-    return dg.AssetKey(["delta", table.name.schema, table.name.name])
-
-
-def history_key(table: TableConfig) -> dg.AssetKey:
-    return dg.AssetKey(["history", table.name.schema, table.name.name])
-
-
-def table_pool(table: TableConfig) -> str:
-    return f"cdc_table__{table_slug(table)}"
 
 
 def history_path(config: Config, table: TableConfig) -> str:
@@ -70,11 +51,13 @@ def history_path(config: Config, table: TableConfig) -> str:
 
 def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
     slot = settings.config.source.slot
+    naming = settings.naming
 
     @dg.asset(
-        key=CHANGELOG_KEY,
+        key=naming.changelog,
         group_name="cdc",
-        pool=f"cdc_drain__{slot}",
+        pool=naming.drain_pool(slot),
+        required_resource_keys=both_keys(settings),
         kinds={"postgres", "parquet"},
         description=(
             f"Drains replication slot {slot} into the change log at {settings.config.changelog.path}: committed"
@@ -88,10 +71,9 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
             )
         ),
     )
-    def changelog(
-        context: AssetExecutionContext, source: CdcSource, spark: SparkResource
-    ) -> dg.MaterializeResult[None]:
-        config = source.config()
+    def changelog(context: AssetExecutionContext) -> dg.MaterializeResult[None]:
+        config = source_of(context, settings).config()
+        spark = spark_of(context, settings)
         logged = [-PROGRESS_INTERVAL_S]
 
         def log(progress: DrainProgress) -> None:  # a line every PROGRESS_INTERVAL_S at most: a run follows for hours
@@ -101,15 +83,16 @@ def build_changelog_asset(settings: Settings) -> dg.AssetsDefinition:
 
         session = cache(spark.session)  # started by a run that merges (schedule.merge_with_drain) only
         steps = replace(DRAIN_ONLY, merge=MERGES_TAG in context.run.tags)
-        report = drain_run_report(context, config, session)
-        result = sync(config, session, steps, wait=True, report=report, progress=log, on_batch=BatchReports(context))
+        report = drain_run_report(context, config, naming, session)
+        batches = BatchReports(context, naming.changelog)
+        result = sync(config, session, steps, wait=True, report=report, progress=log, on_batch=batches)
         return dg.MaterializeResult(metadata=drain_metadata(result.drains[0], result.retention))
 
     return changelog
 
 
 def drain_run_report(
-    context: AssetExecutionContext, config: Config, session: Callable[[], SparkSession]
+    context: AssetExecutionContext, config: Config, naming: Naming, session: Callable[[], SparkSession]
 ) -> Callable[[Described], None]:
     """What a drain run does with each result of its sync: logs its lines; records a merge (a run
     that merges) as a materialization of the table's mirror with its ``lag`` check's evaluation, and
@@ -120,7 +103,7 @@ def drain_run_report(
             context.log.info(line)
         if isinstance(result, TableApplied):
             table = config.table(result.table)
-            key = mirror_key(table)
+            key = naming.mirror(table)
             metadata = table_metadata(result, mirror_metadata(session(), config, table))
             context.log_event(dg.AssetMaterialization(asset_key=key, metadata=metadata))
             try:
@@ -130,7 +113,8 @@ def drain_run_report(
                     raise
                 context.log.warning(f"lag check of {table.name} skipped: {error}")  # the source is restarting
         elif isinstance(result, ConsistentPoint):
-            context.log_event(dg.AssetMaterialization(asset_key=POINT_KEY, metadata=point_metadata(config, result)))
+            point = dg.AssetMaterialization(asset_key=naming.consistent_point, metadata=point_metadata(config, result))
+            context.log_event(point)
 
     return report
 
@@ -140,8 +124,9 @@ class BatchReports:
     that brought changes, at most one every :data:`REPORT_INTERVAL_S` (the changes of the batches
     in between are summed in): the UI sees the log grow during an hour-long run."""
 
-    def __init__(self, context: AssetExecutionContext) -> None:
+    def __init__(self, context: AssetExecutionContext, key: dg.AssetKey) -> None:
         self._context = context
+        self._key = key
         self._last = time.monotonic()
         self._transactions = 0
         self._changes: dict[str, int] = {}
@@ -162,7 +147,7 @@ class BatchReports:
             metadata["commit_time"] = dg.MetadataValue.timestamp(batch.commit_time_us / 1e6)
         for table, count in sorted(self._changes.items()):
             metadata[f"changes/{table}"] = dg.MetadataValue.int(count)
-        self._context.log_event(dg.AssetMaterialization(asset_key=CHANGELOG_KEY, metadata=metadata))
+        self._context.log_event(dg.AssetMaterialization(asset_key=self._key, metadata=metadata))
         self._last, self._transactions, self._changes = now, 0, {}
 
 
@@ -199,21 +184,23 @@ def build_mirror_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefin
     fresh = timedelta(minutes=settings.config.schedule.freshness_minutes)
     catalog = settings.config.warehouse.catalog
     by_name = {} if catalog is None else {"dagster/table_name": f"{catalog}.{name}"}  # warehouse.catalog's name
+    naming = settings.naming
 
     @dg.asset(
-        key=mirror_key(table),
-        deps=[CHANGELOG_KEY],
+        key=naming.mirror(table),
+        deps=[naming.changelog],
         group_name="mirror",
-        pool=table_pool(table),
+        pool=naming.table_pool(table),
+        required_resource_keys=both_keys(settings),
         kinds={"delta", "spark"},
         # materialized by each merge, and by the merge sensor while the table has nothing to merge
         freshness_policy=dg.FreshnessPolicy.time_window(fail_window=fresh, warn_window=fresh / 2),
         description=f"Delta mirror of {name} at {settings.config.target_path(table)}, merged from the change log.",
         metadata={"source_table": name, "dagster/uri": settings.config.target_path(table), **by_name},
     )
-    def mirror(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
-        config = source.config()
-        session = spark.session()
+    def mirror(context: AssetExecutionContext) -> dg.MaterializeResult[None]:
+        config = source_of(context, settings).config()
+        session = spark_of(context, settings).session()
         result = merge_table(config, config.table(name), session)  # under the table's write lock
         context.log.info(result.summary())
         return dg.MaterializeResult(metadata=table_metadata(result, mirror_metadata(session, config, table)))
@@ -268,10 +255,11 @@ def table_partitions(settings: Settings) -> dg.StaticPartitionsDefinition:
 
 def build_snapshot_asset(settings: Settings) -> dg.AssetsDefinition:
     @dg.asset(
-        key=SNAPSHOT_KEY,
-        deps=[CHANGELOG_KEY],
+        key=settings.naming.snapshot,
+        deps=[settings.naming.changelog],
         partitions_def=table_partitions(settings),
         group_name="cdc",
+        required_resource_keys=source_keys(settings),
         kinds={"postgres", "parquet"},
         description=(
             "Copies tables again while the drain and the other tables' merges go on (an online snapshot; partition"
@@ -279,8 +267,8 @@ def build_snapshot_asset(settings: Settings) -> dg.AssetsDefinition:
             " the source: a repair. Launch a backfill over the tables to copy."
         ),
     )
-    def snapshot(context: AssetExecutionContext, source: CdcSource) -> dg.MaterializeResult[None]:
-        config = source.config()
+    def snapshot(context: AssetExecutionContext) -> dg.MaterializeResult[None]:
+        config = source_of(context, settings).config()
         last = 0.0
 
         def show(progress: CopyProgress) -> None:
@@ -310,12 +298,14 @@ def copy_metadata(copied: TableCopied) -> dict[str, int | float | str]:
 
 
 def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
+    naming = settings.naming
 
     @dg.asset(
-        key=REBUILD_KEY,
-        deps=[CHANGELOG_KEY],
+        key=naming.rebuild,
+        deps=[naming.changelog],
         partitions_def=table_partitions(settings),
         group_name="cdc",
+        required_resource_keys=both_keys(settings),
         kinds={"delta", "spark"},
         description=(
             "Rewrites mirror tables from the change log alone — the table's latest copy (initial snapshot or online"
@@ -323,14 +313,15 @@ def build_rebuild_asset(settings: Settings) -> dg.AssetsDefinition:
             " lost, moved or restored from elsewhere. To repair a table from the source, use cdc/snapshot."
         ),
     )
-    def rebuild(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
-        config = source.config()
+    def rebuild(context: AssetExecutionContext) -> dg.MaterializeResult[None]:
+        config = source_of(context, settings).config()
         table = config.table(context.partition_key)
-        session = spark.session()
+        session = spark_of(context, settings).session()
         result = rebuild_table(config, table, session)
         context.log.info(f"rebuilt {result.summary()}")
         metadata = table_metadata(result, mirror_metadata(session, config, table))
-        context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata={**metadata, "rebuilt": True}))
+        rebuilt = dg.AssetMaterialization(asset_key=naming.mirror(table), metadata={**metadata, "rebuilt": True})
+        context.log_event(rebuilt)
         return dg.MaterializeResult(metadata=metadata)
 
     return rebuild
@@ -344,19 +335,21 @@ replayed from upstream (its origin's commit time), and a day without changes is 
 
 def build_history_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefinition:
     name = str(table.name)
+    naming = settings.naming
 
     @dg.asset(
-        key=history_key(table),
-        deps=[CHANGELOG_KEY],
+        key=naming.history(table),
+        deps=[naming.changelog],
         partitions_def=dg.DailyPartitionsDefinition(start_date=HISTORY_START, timezone="UTC"),
         group_name="history",
-        pool=f"cdc_history__{table_slug(table)}",
+        pool=naming.history_pool(table),
+        required_resource_keys=both_keys(settings),
         kinds={"delta", "spark"},
         description=f"Every change of {name} (operation, LSNs, commit time, before and after), by commit day.",
         metadata={"dagster/uri": history_path(settings.config, table)},
     )
-    def history(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
-        config = source.config()
+    def history(context: AssetExecutionContext) -> dg.MaterializeResult[None]:
+        config = source_of(context, settings).config()
         reader = ChangeLogReader(changelog_store(config))
         checkpoint = reader.checkpoint()
         state = checkpoint.tables.get(name) if checkpoint else None
@@ -365,7 +358,7 @@ def build_history_asset(settings: Settings, table: TableConfig) -> dg.AssetsDefi
         day = context.partition_time_window.start.date()
         rows = history_rows(reader, name, state, day)
         written = write_history(
-            spark.session(),
+            spark_of(context, settings).session(),
             history_path(config, table),
             rows,
             day,

@@ -32,7 +32,7 @@ from cdc_assets.config import Config
 from cdc_assets.lsn import format_lsn
 from cdc_assets.source.connection import connect
 from cdc_assets.source.slots import read_slot
-from dagster_project.resources import CdcSource
+from dagster_project.resources import source_keys, source_of
 from dagster_project.run_tags import DRAIN_TAG, MERGES_TAG, POINT_TAG
 from dagster_project.settings import Settings
 
@@ -55,9 +55,6 @@ automation_job = functools.partial(dg.define_asset_job, executor_def=dg.in_proce
 """A job that a schedule or sensor launches (``automation_job(name, selection, tags=…)``), executed
 in the run's own process, one step at a time (one asset or check each)."""
 
-DRAIN_JOB = "cdc_drain"
-POINT_JOB = "cdc_consistent_point"
-
 
 def merge_selection(mirror: dg.AssetsDefinition) -> dg.AssetSelection:
     """A merge: the mirror and its cheap lag check; not the parity check, which scans the whole
@@ -72,17 +69,18 @@ def drain_run_tags(settings: Settings) -> dict[str, str]:
     with ``schedule.merge_with_drain`` also ``cdc/merges``, as their drain step merges the tables too
     and publishes the consistent point they make whenever the merges catch up. Selecting the drain
     asset selects its ``slot_held_wal`` check, evaluated after the drain."""
-    slot = settings.config.source.slot
+    slot = settings.naming.slot_tag(settings.config.source.slot)
     return {DRAIN_TAG: slot} | ({MERGES_TAG: slot} if settings.config.schedule.merge_with_drain else {})
 
 
 def build_drain_schedule(settings: Settings) -> dg.ScheduleDefinition:
     slot = settings.config.source.slot
+    tag = settings.naming.slot_tag(slot)
 
     @dg.schedule(
-        name="cdc_drain_schedule",
+        name=settings.naming.drain_schedule,
         cron_schedule=settings.config.schedule.drain_cron,
-        job_name=DRAIN_JOB,
+        job_name=settings.naming.drain_job,
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=(
@@ -91,7 +89,7 @@ def build_drain_schedule(settings: Settings) -> dg.ScheduleDefinition:
         ),
     )
     def drain_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest | dg.SkipReason:
-        if context.instance.get_runs_count(dg.RunsFilter(tags={DRAIN_TAG: slot}, statuses=IN_FLIGHT)):
+        if context.instance.get_runs_count(dg.RunsFilter(tags={DRAIN_TAG: tag}, statuses=IN_FLIGHT)):
             return dg.SkipReason(f"a drain of slot {slot} is queued or running")
         return dg.RunRequest()
 
@@ -101,18 +99,20 @@ def build_drain_schedule(settings: Settings) -> dg.ScheduleDefinition:
 def build_drain_sensor(settings: Settings, lag_bytes: int) -> dg.SensorDefinition:
     schedule = settings.config.schedule
     slot = settings.config.source.slot
+    tag = settings.naming.slot_tag(slot)
 
     @dg.sensor(
-        name="cdc_drain_on_lag",
-        job_name=DRAIN_JOB,
+        name=settings.naming.drain_sensor,
+        job_name=settings.naming.drain_job,
+        required_resource_keys=source_keys(settings),
         minimum_interval_seconds=schedule.drain_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=f"Requests a drain when slot {slot} is {lag_bytes:,} WAL bytes behind or more.",
     )
-    def drain_sensor(context: SensorEvaluationContext, source: CdcSource) -> dg.SensorResult | dg.SkipReason:
-        if context.instance.get_runs_count(dg.RunsFilter(tags={DRAIN_TAG: slot}, statuses=IN_FLIGHT)):
+    def drain_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+        if context.instance.get_runs_count(dg.RunsFilter(tags={DRAIN_TAG: tag}, statuses=IN_FLIGHT)):
             return dg.SkipReason(f"a drain of slot {slot} is queued or running")
-        with connect(source.config().source, purpose="drain-sensor") as conn:
+        with connect(source_of(context, settings).config().source, purpose="drain-sensor") as conn:
             state = read_slot(conn, slot)
         if state is None:
             return dg.SkipReason(f"slot {slot} does not exist yet: run `cdc-assets setup`")
@@ -126,15 +126,15 @@ def build_drain_sensor(settings: Settings, lag_bytes: int) -> dg.SensorDefinitio
 
 def build_consistent_point_sensor(settings: Settings) -> dg.SensorDefinition:
     config = settings.config
-    slot = config.source.slot
+    slot = settings.naming.slot_tag(config.source.slot)
     refresh_s = idle_confirm_seconds(config)
     in_flight = [({POINT_TAG: slot}, "a run publishing a point is queued or running")]
     if config.schedule.merge_with_drain:
         in_flight.append(({MERGES_TAG: slot}, "a drain run, which publishes the point, is queued or running"))
 
     @dg.sensor(
-        name="cdc_consistent_point",
-        job_name=POINT_JOB,
+        name=settings.naming.point_job,
+        job_name=settings.naming.point_job,
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(

@@ -9,9 +9,8 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.parity import Parity, Uncompared, read_parity
 from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, connect, read_held_wal, read_slot
 from cdc_assets.source.standby_slot import read_standby_slot
-from dagster_project.assets import CHANGELOG_KEY, mirror_key
 from dagster_project.lag import LAG_CHECK, lag_result
-from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.resources import both_keys, source_keys, source_of, spark_of
 from dagster_project.settings import Settings
 
 
@@ -20,8 +19,9 @@ def build_parity_check(settings: Settings, table: TableConfig) -> dg.AssetChecks
     wait = settings.config.schedule.parity_wait_seconds
 
     @dg.asset_check(
-        asset=mirror_key(table),
+        asset=settings.naming.mirror(table),
         name="parity",
+        required_resource_keys=both_keys(settings),
         description=(
             f"{name} in Delta equals the source: row count and content checksum at one LSN (a temporary slot's"
             f" snapshot point), compared with the Delta version that holds the source's state there. Reads only: it"
@@ -29,9 +29,10 @@ def build_parity_check(settings: Settings, table: TableConfig) -> dg.AssetChecks
             " point, else warns that it could not compare. cdc/verify drains and merges up to the point itself."
         ),
     )
-    def parity(source: CdcSource, spark: SparkResource) -> dg.AssetCheckResult:
-        config = source.config()
-        result = read_parity(config, config.table(name), spark.session(), wait_seconds=wait)
+    def parity(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        config = source_of(context, settings).config()
+        session = spark_of(context, settings).session()
+        result = read_parity(config, config.table(name), session, wait_seconds=wait)
         if isinstance(result, Uncompared):
             return dg.AssetCheckResult(
                 passed=False,
@@ -74,12 +75,13 @@ def build_lag_check(settings: Settings, table: TableConfig) -> dg.AssetChecksDef
     bound = settings.config.schedule.max_lag_bytes
 
     @dg.asset_check(
-        asset=mirror_key(table),
+        asset=settings.naming.mirror(table),
         name=LAG_CHECK,
+        required_resource_keys=source_keys(settings),
         description=f"WAL written since {name}'s applied LSN stays under {bound:,} bytes (schedule.max_lag_bytes).",
     )
-    def lag(source: CdcSource) -> dg.AssetCheckResult:
-        return lag_result(source.config(), table)
+    def lag(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        return lag_result(source_of(context, settings).config(), table)
 
     return lag
 
@@ -90,16 +92,17 @@ def build_held_wal_check(settings: Settings, bound: int = HELD_WAL_WARN_BYTES) -
     slot = settings.config.source.slot
 
     @dg.asset_check(
-        asset=CHANGELOG_KEY,
+        asset=settings.naming.changelog,
         name="slot_held_wal",
+        required_resource_keys=source_keys(settings),
         description=(
             f"Replication slot {slot} holds at most {bound:,} bytes of WAL behind its restart_lsn (the server keeps"
             " that WAL for it); the metadata names the oldest running transaction with an xid, which keeps"
             " restart_lsn back until it ends (an idle-in-transaction session, a forgotten prepared transaction)."
         ),
     )
-    def slot_held_wal(source: CdcSource) -> dg.AssetCheckResult:
-        config = source.config()
+    def slot_held_wal(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        config = source_of(context, settings).config()
         with connect(config.source, purpose="held-wal-check") as conn:
             held = read_held_wal(conn, config.source.slot)
         if held is None:
@@ -124,15 +127,16 @@ def build_standby_slot_check(settings: Settings) -> dg.AssetChecksDefinition:
     slot = settings.config.source.slot
 
     @dg.asset_check(
-        asset=CHANGELOG_KEY,
+        asset=settings.naming.changelog,
         name="standby_slot_ready",
+        required_resource_keys=source_keys(settings),
         description=(
             f"The standby (source.standby_dsn) keeps a synced, valid copy of failover slot {slot}, so that the drain"
             " goes on after a promotion; the metadata has its confirmed LSN and how far it is behind the primary's."
         ),
     )
-    def standby_slot_ready(source: CdcSource) -> dg.AssetCheckResult:
-        config = source.config()
+    def standby_slot_ready(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
+        config = source_of(context, settings).config()
         with connect(config.source, purpose="standby-check") as conn:
             primary = read_slot(conn, config.source.slot)
         try:

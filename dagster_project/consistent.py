@@ -19,19 +19,18 @@ from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
 from cdc_assets.lsn import format_lsn
-from dagster_project.resources import CdcSource
+from dagster_project.resources import source_keys, source_of
 from dagster_project.settings import Settings
-
-POINT_KEY = dg.AssetKey(["cdc", "consistent_point"])
 
 
 def build_consistent_point_asset(settings: Settings, mirrors: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
     fresh = timedelta(minutes=settings.config.schedule.freshness_minutes)
 
     @dg.asset(
-        key=POINT_KEY,
+        key=settings.naming.consistent_point,
         deps=[mirror.key for mirror in mirrors],
         group_name="mirror",
+        required_resource_keys=source_keys(settings),
         kinds={"delta"},
         freshness_policy=dg.FreshnessPolicy.time_window(fail_window=fresh, warn_window=fresh / 2),
         description=(
@@ -41,8 +40,8 @@ def build_consistent_point_asset(settings: Settings, mirrors: list[dg.AssetsDefi
         metadata={"dagster/uri": points_path(settings.config)},
         output_required=False,  # no new point: nothing to materialize
     )
-    def consistent_point(context: AssetExecutionContext, source: CdcSource) -> Iterator[dg.MaterializeResult[None]]:
-        config = source.config()
+    def consistent_point(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[None]]:
+        config = source_of(context, settings).config()
         point = publish_point(config)
         if isinstance(point, str):
             context.log.info(f"no new consistent point: {point}")

@@ -7,10 +7,11 @@ dagster_project.definitions`` anywhere the package is installed. The file is ``$
 
 import dagster as dg
 
-from dagster_project.factory import build_definitions
+from dagster_project.factory import build_definitions, run_executor
 from dagster_project.settings import load_settings
 
 
 @dg.definitions
 def defs() -> dg.Definitions:
-    return build_definitions(load_settings())
+    settings = load_settings()
+    return dg.Definitions.merge(build_definitions(settings), dg.Definitions(executor=run_executor(settings)))

@@ -1,4 +1,5 @@
-"""Everything the code location holds, built from the configuration file."""
+"""Everything one pipeline (one source database) defines, built from its settings: what the code
+location holds, and what each ``CdcComponent`` of a project adds to it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from dagster_project.assets import (
     build_snapshot_asset,
 )
 from dagster_project.automation import (
-    DRAIN_JOB,
-    POINT_JOB,
     automation_job,
     build_consistent_point_sensor,
     build_drain_schedule,
@@ -30,20 +29,21 @@ from dagster_project.consistent import build_consistent_point_asset
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
 from dagster_project.merge_sensor import build_merge_sensor
 from dagster_project.recover import build_recover_job
-from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.resources import pipeline_resources
 from dagster_project.run_tags import POINT_TAG
 from dagster_project.settings import Settings
 from dagster_project.verify import build_verify_asset
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
-    """The drain asset, its held-WAL (and standby) checks and its schedule; per table a mirror asset
+    """Named by ``settings.naming``: the drain asset, its held-WAL (and standby) checks and its schedule; per table a mirror asset
     (and its merge job, which the one merge sensor launches), a maintenance asset, a history asset
     and checks; one maintenance step and schedule for every table; the consistent point and its
     sensor; the snapshot, rebuild and verify assets; the recover job; the resources. It reads the
     configuration file only: every look at the change log, the warehouse or the source waits for a
-    sensor's tick or a run."""
+    sensor's tick or a run. No executor: that is the code location's (:func:`run_executor`)."""
     config = settings.config
+    naming = settings.naming
     changelog = build_changelog_asset(settings)
     mirrors = {table.name: build_mirror_asset(settings, table) for table in config.tables}
     maintenance = build_maintenance_asset(settings)
@@ -53,9 +53,9 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     )
     # The jobs that the drain schedule and sensor and the point's sensor launch by name (the merge
     # sensor and the maintenance schedule hold their own jobs).
-    jobs = [automation_job(DRAIN_JOB, [changelog], tags=drain_run_tags(settings))]
+    jobs = [automation_job(naming.drain_job, [changelog], tags=drain_run_tags(settings))]
     if points:
-        jobs.append(automation_job(POINT_JOB, points, tags={POINT_TAG: config.source.slot}))
+        jobs.append(automation_job(naming.point_job, points, tags={POINT_TAG: naming.slot_tag(config.source.slot)}))
     return dg.Definitions(
         assets=[
             changelog,
@@ -86,14 +86,12 @@ def build_definitions(settings: Settings) -> dg.Definitions:
             build_merge_sensor(settings, mirrors),
         ],
         jobs=[*jobs, build_recover_job(settings)],
-        executor=dg.multiprocess_executor.configured({"max_concurrent": config.schedule.run_max_concurrent}),
-        resources={
-            "source": CdcSource(config_path=settings.config_path, dsn=dg.EnvVar(settings.dsn_env)),
-            "spark": SparkResource(
-                master=config.spark.master,
-                remote=config.spark.remote,
-                conf=config.spark.conf,
-                config_path=settings.config_path,
-            ),
-        },
+        resources=pipeline_resources(settings),
     )
+
+
+def run_executor(settings: Settings) -> dg.ExecutorDefinition:
+    """The executor of the runs launched from the UI (several mirrors, a backfill): at most
+    ``schedule.run_max_concurrent`` steps at once. The code location's own; in a project of
+    components, the project's executor applies (a ``Definitions`` holds one)."""
+    return dg.multiprocess_executor.configured({"max_concurrent": settings.config.schedule.run_max_concurrent})

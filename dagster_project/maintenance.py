@@ -15,29 +15,22 @@ import dagster as dg
 from dagster import AssetExecutionContext
 
 from cdc_assets.apply.maintenance import Maintained, maintain_configured_table
-from cdc_assets.config import TableConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
-from dagster_project.assets import mirror_key
 from dagster_project.automation import automation_job
-from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.resources import both_keys, source_of, spark_of
 from dagster_project.settings import Settings
-
-MAINTAIN = "cdc_maintain"
-
-
-def maintenance_key(table: TableConfig) -> dg.AssetKey:
-    return dg.AssetKey(["maintenance", table.name.schema, table.name.name])
 
 
 def build_maintenance_asset(settings: Settings) -> dg.AssetsDefinition:
     """Every table's maintenance asset, materialized by one step over the selected tables (a table
     that fails does not stop the others; the step fails at the end naming it)."""
     config = settings.config
+    naming = settings.naming
     specs = [
         dg.AssetSpec(
-            maintenance_key(table),
-            deps=[mirror_key(table)],
+            naming.maintenance(table),
+            deps=[naming.mirror(table)],
             group_name="mirror",
             kinds={"delta", "spark"},
             skippable=True,
@@ -50,13 +43,13 @@ def build_maintenance_asset(settings: Settings) -> dg.AssetsDefinition:
         for table in config.tables
     ]
 
-    @dg.multi_asset(name="maintenance", specs=specs, can_subset=True)
-    def maintenance(
-        context: AssetExecutionContext, source: CdcSource, spark: SparkResource
-    ) -> Iterator[dg.MaterializeResult[None]]:
-        config = source.config()
-        session = spark.session()
-        selected = [t for t in config.tables if maintenance_key(t) in context.selected_asset_keys]
+    @dg.multi_asset(
+        name=naming.maintenance_op, specs=specs, can_subset=True, required_resource_keys=both_keys(settings)
+    )
+    def maintenance(context: AssetExecutionContext) -> Iterator[dg.MaterializeResult[None]]:
+        config = source_of(context, settings).config()
+        session = spark_of(context, settings).session()
+        selected = [t for t in config.tables if naming.maintenance(t) in context.selected_asset_keys]
         failed: list[str] = []
         for done, table in enumerate(selected, 1):
             try:
@@ -66,7 +59,7 @@ def build_maintenance_asset(settings: Settings) -> dg.AssetsDefinition:
                 failed.append(str(table.name))
                 continue
             context.log.info(f"[{done}/{len(selected)}] {result.summary()}")
-            yield dg.MaterializeResult(asset_key=maintenance_key(table), metadata=maintenance_metadata(result))
+            yield dg.MaterializeResult(asset_key=naming.maintenance(table), metadata=maintenance_metadata(result))
         if failed:
             raise CdcError(f"maintenance failed for {len(failed)} of {len(selected)} tables: {', '.join(failed)}")
 
@@ -97,10 +90,11 @@ def maintenance_metadata(result: Maintained) -> dict[str, dg.MetadataValue]:
 
 
 def build_maintenance_schedule(settings: Settings, asset: dg.AssetsDefinition) -> dg.ScheduleDefinition:
+    name = settings.naming.maintain
     return dg.ScheduleDefinition(
-        name=MAINTAIN,
+        name=name,
         cron_schedule=settings.config.warehouse.maintenance.cron,
-        target=automation_job(MAINTAIN, [asset]),
+        target=automation_job(name, [asset]),
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description="Maintains every Delta mirror in one run (warehouse.maintenance).",

@@ -35,21 +35,15 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import TableConfig
 from cdc_assets.lsn import format_lsn
 from cdc_assets.names import TableName
-from dagster_project.assets import SNAPSHOT_KEY, mirror_key, table_slug
 from dagster_project.automation import IN_FLIGHT, automation_job, idle_confirm_seconds, merge_selection
+from dagster_project.naming import Naming
 from dagster_project.run_tags import MERGES_TAG, TABLE_TAG
 from dagster_project.settings import Settings
 
-MERGE_SENSOR = "cdc_merges"
-COPY_JOB = "cdc_copy_held"
 COPY_REASON_TAG = "cdc/copy_reason"
 """Copies a table that a DDL rewrote (its partition of ``cdc/snapshot``), requested by the merge sensor."""
 NAMES_SHOWN = 10
 """A skip message names at most this many tables per reason (a tick's message is stored)."""
-
-
-def merge_job_name(table: TableConfig) -> str:
-    return f"cdc_merge__{table_slug(table)}"
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,17 +59,18 @@ class Verdict:
 
 def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.AssetsDefinition]) -> dg.SensorDefinition:
     config = settings.config
+    naming = settings.naming
     jobs = {
         str(t.name): automation_job(
-            merge_job_name(t), merge_selection(mirrors[t.name]), tags={TABLE_TAG: table_slug(t)}
+            naming.merge_job(t), merge_selection(mirrors[t.name]), tags={TABLE_TAG: naming.table_tag(t)}
         )
         for t in config.tables
     }
-    copy_job = automation_job(COPY_JOB, [SNAPSHOT_KEY])
+    copy_job = automation_job(naming.copy_job, [naming.snapshot])
     every_s = idle_confirm_seconds(config)
 
     @dg.sensor(
-        name=MERGE_SENSOR,
+        name=naming.merge_sensor,
         jobs=[*jobs.values(), copy_job],
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
@@ -91,7 +86,8 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
         requested: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
         runs = context.instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
         merging = {run.tags[TABLE_TAG] for run in runs if TABLE_TAG in run.tags}
-        drain_merges = config.schedule.merge_with_drain and any(MERGES_TAG in run.tags for run in runs)
+        slot = naming.slot_tag(config.source.slot)
+        drain_merges = config.schedule.merge_with_drain and any(run.tags.get(MERGES_TAG) == slot for run in runs)
         verdicts: list[Verdict] = []
         current: dict[str, int] = {}  # held tables whose checkpoint moved past the cursor: applied LSN
         for table in config.tables:
@@ -103,7 +99,7 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
             if state.awaiting_copy is not None and state.copy_reason is not None:  # rewritten: copied again
                 key = f"{name}@copy:{state.awaiting_copy}"  # once per hold: Dagster skips a run key it launched
                 why = {COPY_REASON_TAG: state.copy_reason}  # shown on the run's page
-                request = dg.RunRequest(run_key=key, job_name=COPY_JOB, partition_key=name, tags=why)
+                request = dg.RunRequest(run_key=key, job_name=naming.copy_job, partition_key=name, tags=why)
                 verdicts.append(Verdict(name, request))
                 continue
             if state.awaiting_copy is not None:
@@ -116,7 +112,7 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
                     verdicts.append(Verdict(name, reason="up to date"))
                 else:
                     current[name] = applied
-            elif table_slug(table) in merging:
+            elif naming.table_tag(table) in merging:
                 verdicts.append(Verdict(name, reason="a merge of it is queued or running"))
             elif drain_merges:
                 verdicts.append(Verdict(name, reason="a drain run, which merges it too, is queued or running"))
@@ -125,7 +121,7 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
             else:
                 request = dg.RunRequest(run_key=f"{name}@{checkpoint.lsn}", job_name=jobs[name].name)
                 verdicts.append(Verdict(name, request=request))
-        verdicts += confirmations(context, config.tables, current, checkpoint.lsn, every_s)
+        verdicts += confirmations(context, naming, config.tables, current, checkpoint.lsn, every_s)
         done = [v for v in verdicts if v.request is not None or v.event is not None]
         if not done:
             return dg.SkipReason(skip_message(verdicts))
@@ -141,6 +137,7 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
 
 def confirmations(
     context: SensorEvaluationContext,
+    naming: Naming,
     tables: tuple[TableConfig, ...],
     current: dict[str, int],
     checkpoint_lsn: int,
@@ -151,7 +148,7 @@ def confirmations(
     checkpoint, when its last materialization is ``every_s`` old (one query for them all)."""
     if not current:
         return []
-    keys = {str(t.name): mirror_key(t) for t in tables if str(t.name) in current}
+    keys = {str(t.name): naming.mirror(t) for t in tables if str(t.name) in current}
     latest = context.instance.get_latest_materialization_events(list(keys.values()))
     now = time.time()  # the clock that stamps Dagster's events
     verdicts = []

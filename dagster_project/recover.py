@@ -11,22 +11,23 @@ from dagster import OpExecutionContext
 from cdc_assets.changelog.checkpoint import Gap
 from cdc_assets.pipeline.online_snapshot import CopyProgress, TableCopied
 from cdc_assets.pipeline.recover import recover
-from dagster_project.assets import PROGRESS_INTERVAL_S, SNAPSHOT_KEY, copy_metadata
-from dagster_project.resources import CdcSource
+from dagster_project.assets import PROGRESS_INTERVAL_S, copy_metadata
+from dagster_project.resources import source_keys, source_of
 from dagster_project.settings import Settings
-
-RECOVER_JOB = "cdc_recover"
 
 
 def build_recover_job(settings: Settings) -> dg.JobDefinition:
+    naming = settings.naming
+
     @dg.op(
-        name="recover",
+        name=naming.recover_op,
+        required_resource_keys=source_keys(settings),
         description=(
             "After the slot was lost (dropped, invalidated, a failover without a failover slot): creates a new slot"
             " and copies every table again online while the source takes writes and the other tables keep flowing."
         ),
     )
-    def recover_op(context: OpExecutionContext, source: CdcSource) -> None:
+    def recover_op(context: OpExecutionContext) -> None:
         logged: dict[str, float] = {}
 
         def show(progress: CopyProgress) -> None:
@@ -41,14 +42,14 @@ def build_recover_job(settings: Settings) -> dg.JobDefinition:
         def copied(done: TableCopied) -> None:
             context.log.info(done.summary())
             context.log_event(
-                dg.AssetMaterialization(asset_key=SNAPSHOT_KEY, partition=done.table, metadata=copy_metadata(done))
+                dg.AssetMaterialization(asset_key=naming.snapshot, partition=done.table, metadata=copy_metadata(done))
             )
 
-        result = recover(source.config(), progress=show, on_gap=gap, on_copied=copied)
+        result = recover(source_of(context, settings).config(), progress=show, on_gap=gap, on_copied=copied)
         for line in result.lines():
             context.log.info(line)
 
-    @dg.job(name=RECOVER_JOB, description=recover_op.description, tags={"cdc/kind": "recover"})
+    @dg.job(name=naming.recover_job, description=recover_op.description, tags={"cdc/kind": "recover"})
     def recover_job() -> None:
         recover_op()
 

@@ -12,27 +12,21 @@ from dagster import AssetExecutionContext
 
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.parity import verify_table
-from dagster_project.assets import (
-    CHANGELOG_KEY,
-    drain_metadata,
-    mirror_key,
-    mirror_metadata,
-    table_metadata,
-    table_partitions,
-)
+from dagster_project.assets import drain_metadata, mirror_metadata, table_metadata, table_partitions
 from dagster_project.checks import parity_result
-from dagster_project.resources import CdcSource, SparkResource
+from dagster_project.resources import both_keys, source_of, spark_of
 from dagster_project.settings import Settings
-
-VERIFY_KEY = dg.AssetKey(["cdc", "verify"])
 
 
 def build_verify_asset(settings: Settings) -> dg.AssetsDefinition:
+    naming = settings.naming
+
     @dg.asset(
-        key=VERIFY_KEY,
-        deps=[CHANGELOG_KEY],
+        key=naming.verify,
+        deps=[naming.changelog],
         partitions_def=table_partitions(settings),
         group_name="cdc",
+        required_resource_keys=both_keys(settings),
         kinds={"postgres", "delta", "spark"},
         description=(
             "Brings mirror tables to one source point and compares them (partition = table): a temporary slot's"
@@ -41,18 +35,18 @@ def build_verify_asset(settings: Settings) -> dg.AssetsDefinition:
             " the mirror's parity check; a difference fails the run. Launch a backfill over the tables to verify."
         ),
     )
-    def verify(context: AssetExecutionContext, source: CdcSource, spark: SparkResource) -> dg.MaterializeResult[None]:
-        config = source.config()
+    def verify(context: AssetExecutionContext) -> dg.MaterializeResult[None]:
+        config = source_of(context, settings).config()
         table = config.table(context.partition_key)
-        session = spark.session()
+        session = spark_of(context, settings).session()
         done = verify_table(config, table, session)
-        context.log_event(dg.AssetMaterialization(asset_key=CHANGELOG_KEY, metadata=drain_metadata(done.drained)))
+        context.log_event(dg.AssetMaterialization(asset_key=naming.changelog, metadata=drain_metadata(done.drained)))
         applied = table_metadata(done.applied, mirror_metadata(session, config, table))
-        context.log_event(dg.AssetMaterialization(asset_key=mirror_key(table), metadata=applied))
+        context.log_event(dg.AssetMaterialization(asset_key=naming.mirror(table), metadata=applied))
         verdict = parity_result(done.parity)
         context.log_event(
             dg.AssetCheckEvaluation(
-                asset_key=mirror_key(table),
+                asset_key=naming.mirror(table),
                 check_name="parity",
                 passed=verdict.passed,
                 metadata=verdict.metadata,

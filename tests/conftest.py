@@ -54,6 +54,14 @@ def pg(clusters: ClusterPool) -> Iterator[Database]:
     drop_database(db)
 
 
+@pytest.fixture
+def pg_other(clusters: ClusterPool) -> Iterator[Database]:
+    """Another fresh database on the default version, beside ``pg`` (a second source)."""
+    db = create_database(clusters.get(DEFAULT_VERSION))
+    yield db
+    drop_database(db)
+
+
 @pytest.fixture(scope="module")
 def pg_module(clusters: ClusterPool) -> Iterator[Database]:
     """A fresh database on the default version, shared by one test module."""

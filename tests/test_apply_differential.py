@@ -44,7 +44,7 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import drain
 from dagster_project.factory import build_definitions
-from dagster_project.merge_sensor import MERGE_SENSOR
+from dagster_project.naming import Naming
 from dagster_project.settings import load_settings
 from tests.support.bucket import Bucket
 from tests.support.config_file import DSN_VARIABLE
@@ -52,6 +52,8 @@ from tests.support.database import Database
 from tests.support.differential import OPS, SMALL_OPS, SMALL_SEEDS, SeedResult, drop_slots, run_seed
 from tests.support.mirror_diff import fast_spark
 from tests.support.workload import WorkloadStats
+
+MERGE_SENSOR = Naming().merge_sensor
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 

@@ -50,12 +50,10 @@ from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.source import DrainLock
 from cdc_assets.source.lock import TableWriteLock
-from dagster_project.assets import CHANGELOG_KEY, HISTORY_START, REBUILD_KEY, history_key, history_path
-from dagster_project.consistent import POINT_KEY
+from dagster_project.assets import HISTORY_START, history_path
 from dagster_project.factory import build_definitions
-from dagster_project.maintenance import maintenance_key
+from dagster_project.naming import Naming
 from dagster_project.settings import load_settings
-from dagster_project.verify import VERIFY_KEY
 from tests.support.commit_time import commit_at
 from tests.support.dagster_env import (
     DEMO_INSTANCE,
@@ -88,6 +86,10 @@ from tests.support.database import Database
 from tests.support.mirror_diff import rust_table
 from tests.support.pipeline import wait_until
 from tests.support.rows import difference, multiset
+
+NAMES = Naming()
+CHANGELOG_KEY, REBUILD_KEY, POINT_KEY, VERIFY_KEY = NAMES.changelog, NAMES.rebuild, NAMES.consistent_point, NAMES.verify
+history_key, maintenance_key = NAMES.history, NAMES.maintenance
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SECRET_DSN = "postgresql://cdc_reader:Sup3r-S3cret-Pw@db.example.internal:5432/shop"

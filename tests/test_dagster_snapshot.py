@@ -17,8 +17,7 @@ from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.config import load_config
 from cdc_assets.pipeline.setup import setup
-from dagster_project.assets import SNAPSHOT_KEY, table_pool
-from dagster_project.merge_sensor import COPY_JOB
+from dagster_project.naming import Naming
 from tests.support.dagster_env import (
     DDL,
     DEMO_INSTANCE,
@@ -31,6 +30,9 @@ from tests.support.dagster_env import (
 )
 from tests.support.database import Database
 from tests.support.rows import difference
+
+NAMES = Naming()
+SNAPSHOT_KEY, COPY_JOB, table_pool = NAMES.snapshot, NAMES.copy_job, NAMES.table_pool
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 

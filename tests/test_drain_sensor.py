@@ -12,9 +12,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from dagster_project.merge_sensor import MERGE_SENSOR
+from dagster_project.naming import Naming
 from tests.support.dagster_env import source_with_schedule
 from tests.support.database import Database
+
+MERGE_SENSOR = Naming().merge_sensor
 
 SLOT = "cdc_lag_slot"
 LAG_BYTES = 200_000

@@ -31,15 +31,15 @@ from cdc_assets.source.server_identity import (
     require_same_history,
 )
 from cdc_sandbox.pgcluster import ThrowawayCluster
-from dagster_project.assets import CHANGELOG_KEY
 from dagster_project.factory import build_definitions
+from dagster_project.naming import Naming
 from dagster_project.settings import load_settings
 from tests.support.dagster_env import DSN_VARIABLE, execute
 from tests.support.database import ClusterPool, Database, create_database, drop_database
 from tests.support.pipeline import Pipeline
 from tests.support.standby_pair import STANDBY_SLOT, Pair, write
 
-STANDBY_CHECK = dg.AssetCheckKey(CHANGELOG_KEY, "standby_slot_ready")
+STANDBY_CHECK = dg.AssetCheckKey(Naming().changelog, "standby_slot_ready")
 
 
 # -- the history check, as pure code ----------------------------------------------------------

@@ -303,3 +303,41 @@ def test_no_test_module_imports_another_test_module() -> None:
         for imported in sorted(imports(name, path, test_modules))
     ]
     assert not found, "import these from tests/support/ instead:\n" + "\n".join(found)
+
+
+NAMED_KEYWORDS = frozenset({"key", "asset_key", "pool", "job_name", "name"})
+"""Keywords whose value is a Dagster name: of a definition (``name``, ``key``), of one it targets
+(``job_name``, ``asset_key``) or a pool. An asset check's ``name`` is the check's, under its asset's
+key, so it may be a literal."""
+RESOURCE_TYPES = frozenset({"CdcSource", "SparkResource"})
+
+
+def name_literals(path: Path) -> list[str]:
+    """What in ``path`` gives Dagster a name that is not the naming's: an ``AssetKey`` built, a
+    literal (or f-string) for a named keyword, a resource taken by a parameter's name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            called = ast.unparse(node.func)
+            if called.endswith("AssetKey"):
+                found.append(f"{path.name}:{node.lineno} builds an AssetKey")
+            found += [
+                f"{path.name}:{node.lineno} {word.arg}= is a literal"
+                for word in node.keywords
+                if word.arg in NAMED_KEYWORDS
+                and isinstance(word.value, ast.Constant | ast.JoinedStr)
+                and not (word.arg == "name" and called.endswith("asset_check"))
+            ]
+        elif isinstance(node, ast.arg) and ast.unparse(node.annotation or ast.Constant(None)) in RESOURCE_TYPES:
+            found.append(f"{path.name}:{node.lineno} takes the resource {node.arg!r} by its parameter's name")
+    return found
+
+
+def test_every_dagster_name_comes_from_the_naming() -> None:
+    """``dagster_project/naming.py`` derives every asset key and job, sensor, schedule, op, pool and
+    resource name from the pipeline's key prefix (docs/architecture.md, "Dagster"): two pipelines
+    in one code location collide in nothing only if no other module names anything itself."""
+    checked = [p for p in sorted((ROOT / "dagster_project").glob("*.py")) if p.name != "naming.py"]
+    found = [literal for path in checked for literal in name_literals(path)]
+    assert not found, "\n".join(found)
+    assert name_literals(ROOT / "dagster_project" / "naming.py"), "the check finds the naming's own"

@@ -18,12 +18,13 @@ from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
-from dagster_project.consistent import POINT_KEY
-from dagster_project.merge_sensor import MERGE_SENSOR
+from dagster_project.naming import Naming
 from tests.support.dagster_env import DSN_VARIABLE, TABLES, sensor_reasons, source_with_schedule
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, holds_key
 from tests.support.pipeline import wait_until
+
+POINT_KEY, MERGE_SENSOR = Naming().consistent_point, Naming().merge_sensor
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SLOT = "cdc_merging_drain_slot"

@@ -21,11 +21,12 @@ from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
-from dagster_project.assets import mirror_key
-from dagster_project.merge_sensor import MERGE_SENSOR
+from dagster_project.naming import Naming
 from tests.support.applied_marker import mark_applied
 from tests.support.dagster_env import DSN_VARIABLE, TABLES, create_source, load_code_location
 from tests.support.database import Database
+
+mirror_key, MERGE_SENSOR = Naming().mirror, Naming().merge_sensor
 
 SLOT = "cdc_fresh_slot"
 FRESHNESS_MINUTES = 12  # confirmations at most every 2 minutes

@@ -36,8 +36,7 @@ from cdc_assets.pipeline.recover import recover
 from cdc_assets.pipeline.setup import setup
 from cdc_assets.pipeline.status import read_status
 from dagster_project.factory import build_definitions
-from dagster_project.merge_sensor import MERGE_SENSOR
-from dagster_project.recover import RECOVER_JOB
+from dagster_project.naming import Naming
 from dagster_project.settings import load_settings
 from tests.support.config_file import DSN_VARIABLE
 from tests.support.database import Database
@@ -46,6 +45,8 @@ from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.pipeline import Pipeline, invalidate_slot, wait_until
 from tests.support.standby_pair import Pair
 from tests.support.workload import Workload
+
+MERGE_SENSOR, RECOVER_JOB = Naming().merge_sensor, Naming().recover_job
 
 TABLES = ["kinds", "docs", "bag", "orders"]
 RECOVER_HINT = "run `cdc-assets recover`"

@@ -19,13 +19,16 @@ import pytest
 
 from cdc_assets.pipeline.status import Status
 from cdc_assets.source import HELD_WAL_WARN_BYTES, HeldWal, PinningTransaction, read_held_wal, server_major
-from dagster_project.assets import CHANGELOG_KEY, build_changelog_asset
+from dagster_project.assets import build_changelog_asset
 from dagster_project.checks import build_held_wal_check
 from dagster_project.factory import build_definitions
+from dagster_project.naming import Naming
 from dagster_project.settings import load_settings
 from tests.support.dagster_env import DSN_VARIABLE, execute, write_dagster_config
 from tests.support.database import Database
 from tests.support.pipeline import Pipeline, wait_until
+
+CHANGELOG_KEY = Naming().changelog
 
 SLOT = "cdc_slot"
 HOLDER_INSERT = "INSERT INTO held VALUES (1) RETURNING xmin::text::int8"

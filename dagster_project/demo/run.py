@@ -36,12 +36,9 @@ from cdc_assets.pipeline.setup import setup
 from cdc_assets.source.copy_rows import SPLIT_IN
 from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
 from cdc_sandbox.s3server import ThrowawayS3Server
-from dagster_project.assets import CHANGELOG_KEY, mirror_key
 from dagster_project.demo import workload
 from dagster_project.factory import build_definitions
-from dagster_project.merge_sensor import MERGE_SENSOR
 from dagster_project.settings import load_settings
-from dagster_project.verify import VERIFY_KEY
 
 DSN_ENV = "CDC_SOURCE_DSN"
 STATE_FILE = "demo.json"
@@ -153,7 +150,8 @@ def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) 
         created = setup(config)
         copied = ", ".join(f"{t} {n:,} rows" for t, n in created.rows.items())
         out(f"snapshot at the slot's consistent point: {copied} ({SPLIT_IN})")
-        defs = build_definitions(load_settings(str(folder / "cdc.yaml")))
+        settings = load_settings(str(folder / "cdc.yaml"))
+        defs, names = build_definitions(settings), settings.naming
         instance = dg.DagsterInstance.get()
         cursors: dict[str, str | None] = {}
         totals = {t: {"inserted": 0, "updated": 0, "deleted": 0} for t in TABLES}
@@ -161,12 +159,12 @@ def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) 
             with psycopg.connect(pg.dsn(), autocommit=True) as conn:
                 workload.run_round(conn, number)
             out(f"round {number + 1}: changes committed; draining (as the schedule would)")
-            _execute(defs, instance, [CHANGELOG_KEY], {"dagster/schedule_name": "cdc_drain_schedule"})
-            wanted = _sensor_requests(defs, instance, cursors)
+            _execute(defs, instance, [names.changelog], {"dagster/schedule_name": names.drain_schedule})
+            wanted = _sensor_requests(defs, instance, cursors, names.merge_sensor)
             out(f"round {number + 1}: the merge sensor requests merges of {', '.join(wanted) or 'nothing'}")
             if not wanted:
                 continue
-            result = _execute(defs, instance, [mirror_key(config.table(t)) for t in wanted], {"cdc/demo": "merge"})
+            result = _execute(defs, instance, [names.mirror(config.table(t)) for t in wanted], {"cdc/demo": "merge"})
             for event in result.get_asset_materialization_events():
                 assert event.asset_key is not None
                 table = ".".join(event.asset_key.path[1:])
@@ -175,7 +173,7 @@ def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) 
         out("checking every table against its source (cdc/verify: drained and merged up to one point, compared)")
         verdicts: dict[str, dg.AssetCheckEvaluation] = {}
         for table in TABLES:
-            verified = _execute(defs, instance, [VERIFY_KEY], {"cdc/demo": "verify"}, partition=table, may_fail=True)
+            verified = _execute(defs, instance, [names.verify], {"cdc/demo": "verify"}, partition=table, may_fail=True)
             found = [e for e in verified.get_asset_check_evaluations() if e.check_name == "parity"]
             if found:  # none when the run failed before comparing
                 verdicts[table] = found[0]
@@ -288,9 +286,11 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _sensor_requests(defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None]) -> list[str]:
-    """Evaluate the merge sensor once, as the daemon would; the tables it asks to merge."""
-    sensor = defs.resolve_sensor_def(MERGE_SENSOR)
+def _sensor_requests(
+    defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None], name: str
+) -> list[str]:
+    """Evaluate the merge sensor ``name`` once, as the daemon would; the tables it asks to merge."""
+    sensor = defs.resolve_sensor_def(name)
     context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
     result = sensor.evaluate_tick(context)
     cursors[sensor.name] = result.cursor or cursors.get(sensor.name)

@@ -42,7 +42,7 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
 from cdc_assets.pipeline.setup import setup
 from dagster_project.demo.run import DAGSTER_YAML
-from dagster_project.merge_sensor import MERGE_SENSOR
+from dagster_project.naming import Naming
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, rust_rows
@@ -227,7 +227,7 @@ class DagsterEnv:
         """One tick of the merge sensor, with the cursor of its previous tick (``fresh``: with no
         cursor, and the cursor it returns is not kept), seen per table: its run requests, the
         tick's skip message."""
-        sensor = self.defs.resolve_sensor_def(MERGE_SENSOR)
+        sensor = self.defs.resolve_sensor_def(Naming().merge_sensor)
         cursor = None if fresh else self.cursors.get(sensor.name)
         context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)
         result = sensor.evaluate_tick(context)

@@ -77,12 +77,8 @@ def free_port() -> int:
 
 
 def write_config(folder: Path, dsn: str, remote: str | None, ui_port: int, conf: dict[str, str]) -> Config:
-    spark: dict[str, Any] = {
-        "master": "local[2]",
-        "conf": {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port), **conf},
-    }
-    if remote:
-        spark["remote"] = remote
+    settings = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port), **conf}
+    spark: dict[str, Any] = {"remote": remote, "conf": settings} if remote else {"master": "local[2]", "conf": settings}
     document = {
         "source": {"dsn": dsn, "publication": PUBLICATION, "slot": "commit_floor"},
         "changelog": {"path": str(folder / "changelog")},

@@ -6,8 +6,8 @@
 
 A throwaway PostgreSQL gets ``pgbench -i -s <scale>`` (scale 10: 1,000,000 accounts, 10 branches),
 both tables published; ``setup`` copies them and one untimed ``apply_tables`` writes their Delta
-tables. The session is one warm ``local[2]`` Spark with the project's ``session_settings`` and its
-UI on: classic, the benchmark's own driver; ``--runtime connect``, a ``cdc-assets spark-server``
+tables. The session is one warm ``local[2]`` Spark (a 4 GB driver) with the project's
+``session_settings`` and its UI on: classic, the benchmark's own driver; ``--runtime connect``, a ``cdc-assets spark-server``
 started with the same configuration file, reached through ``spark.remote``. ``--conf`` adds a
 Spark setting to that file's ``spark.conf`` (both runtimes: the server takes all of them, a
 Connect session the SQL ones), to try one without changing code.
@@ -77,7 +77,8 @@ def free_port() -> int:
 
 
 def write_config(folder: Path, dsn: str, remote: str | None, ui_port: int, conf: dict[str, str]) -> Config:
-    settings = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port), **conf}
+    # the heap holds the 1M-row copy's batch when Connect sends it to the server
+    settings = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port), "spark.driver.memory": "4g", **conf}
     spark: dict[str, Any] = {"remote": remote, "conf": settings} if remote else {"master": "local[2]", "conf": settings}
     document = {
         "source": {"dsn": dsn, "publication": PUBLICATION, "slot": "commit_floor"},

@@ -132,6 +132,15 @@ def job_ms(job: dict[str, Any]) -> float:
     return (times[1] - times[0]).total_seconds() * 1000
 
 
+def job_name(job: dict[str, Any]) -> str:
+    """A job's description (Delta's, e.g. "Delta: Compute snapshot for version: 5"); under Spark
+    Connect, whose description is the statement's plan, its call site."""
+    description = str(job.get("description") or "")
+    if not description or "session_id" in description:
+        description = ("Delta: " if description.startswith("Delta:") else "") + str(job["name"])
+    return description.replace("\n", " ")[:90]
+
+
 def job_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "jobs": len(jobs),
@@ -139,7 +148,7 @@ def job_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
         "stages": sum(job["numCompletedStages"] for job in jobs),
         "skipped_stages": sum(job["numSkippedStages"] for job in jobs),
         "tasks": sum(job["numCompletedTasks"] for job in jobs),
-        "names": [str(job.get("description") or job["name"]).replace("\n", " ")[:90] for job in jobs],
+        "names": [job_name(job) for job in jobs],
     }
 
 

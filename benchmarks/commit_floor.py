@@ -24,8 +24,9 @@ Each round then times, on that session:
   branches), then ``apply_tables`` of ``public.pgbench_accounts``.
 
 Per statement: the wall time, and from the UI's REST API the Spark jobs it ran (their stages and
-tasks, completed and skipped, and each job's description — Delta names its own, e.g. "Compute
-snapshot for version: 5"). The first ``--warm-up`` rounds are not counted; the table printed holds
+tasks, completed and skipped, and each job's description — on a classic session Delta names its
+own, e.g. "Compute snapshot for version: 5"; under Connect each is described by the statement's
+plan). The first ``--warm-up`` rounds are not counted; the table printed holds
 the median time of the other rounds, and the jobs of the last one. Finally both mirrors are
 compared with their source (``verify_table``).
 """
@@ -133,12 +134,9 @@ def job_ms(job: dict[str, Any]) -> float:
 
 
 def job_name(job: dict[str, Any]) -> str:
-    """A job's description (Delta's, e.g. "Delta: Compute snapshot for version: 5"); under Spark
-    Connect, whose description is the statement's plan, its call site."""
-    description = str(job.get("description") or "")
-    if not description or "session_id" in description:
-        description = ("Delta: " if description.startswith("Delta:") else "") + str(job["name"])
-    return description.replace("\n", " ")[:90]
+    """A job's description: Delta's own (e.g. "Delta: Compute snapshot for version: 5") on a
+    classic session; under Spark Connect every job is described by the statement's plan."""
+    return str(job.get("description") or job["name"]).replace("\n", " ")[:90]
 
 
 def job_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:

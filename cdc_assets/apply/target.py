@@ -61,7 +61,7 @@ USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 # A commit into a small table (docs/architecture.md, "Small tables"): the files a MERGE changes are
 # rewritten instead of marked in deletion vectors; its plan runs as planned, in one partition after
 # each shuffle (adaptive execution makes a Spark job of every shuffle stage — 4 of a tiny MERGE's 11
-# jobs — and the statement's rewrite writes a file per partition); a source that is the batch's
+# jobs — and without it the rewrite writes a file per shuffle partition); a source that is the batch's
 # own rows is not copied first (Delta materializes a MERGE's source lest a second read give other
 # rows: rows held in the driver cannot); a small batch's expressions are evaluated without
 # generating code.

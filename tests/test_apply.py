@@ -30,7 +30,15 @@ from cdc_assets.apply.merge import _key_bounds, write_plan
 from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
 from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
 from cdc_assets.apply.table_files import table_files
-from cdc_assets.apply.target import CODEGEN_FACTORY, MERGE_DELETION_VECTORS, SMALL_BATCH_ROWS, delta_target
+from cdc_assets.apply.target import (
+    ADAPTIVE_EXECUTION,
+    CODEGEN_FACTORY,
+    MATERIALIZE_SOURCE,
+    MERGE_DELETION_VECTORS,
+    SHUFFLE_PARTITIONS,
+    SMALL_BATCH_ROWS,
+    delta_target,
+)
 from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.lsn import format_lsn
@@ -432,13 +440,16 @@ def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirr
     mirror.apply()
     config = mirror.config()
     target = delta_target(config, config.table("public.sm"), mirror.spark)
-    small = {MERGE_DELETION_VECTORS: "false", CODEGEN_FACTORY: "NO_CODEGEN"}
-    assert target.small_commit_settings(5) == small
-    assert target.small_commit_settings(SMALL_BATCH_ROWS) == {MERGE_DELETION_VECTORS: "false"}
+    planned = {MERGE_DELETION_VECTORS: "false", ADAPTIVE_EXECUTION: "false", SHUFFLE_PARTITIONS: "1"}
+    assert target.small_commit_settings(5) == planned | {CODEGEN_FACTORY: "NO_CODEGEN"}
+    assert target.small_commit_settings(SMALL_BATCH_ROWS) == planned
+    assert target.small_commit_settings(SMALL_BATCH_ROWS, local_source=True) == planned | {MATERIALIZE_SOURCE: "none"}
+    partitions = mirror.spark.conf.get(SHUFFLE_PARTITIONS)
     mirror.sql("UPDATE sm SET v = 'changed' WHERE id = 7")
     assert mirror.sync()["public.sm"].updated == 1
     assert table_files(target.path).deletion_vectors == 0
     assert mirror.spark.conf.get(CODEGEN_FACTORY) == "FALLBACK"  # Spark's default: the commit's own setting is gone
+    assert mirror.spark.conf.get(SHUFFLE_PARTITIONS) == partitions  # the session's own setting is back
 
     mirror.warehouse = {"small_table_mb": 0}
     mirror.write_config()

@@ -236,7 +236,8 @@ def _merge_keyed(
         )
 
     write = "MERGE" if inserts else "MERGE (matched only)"
-    return _counts(target.commit(merge, source, lsn, batch_rows=plan.rows.num_rows), write)
+    local = not plan.has_unresolved  # the plan's rows alone, not joined to the table's
+    return _counts(target.commit(merge, source, lsn, batch_rows=plan.rows.num_rows, local_source=local), write)
 
 
 def _key_bounds(plan: ChangePlan) -> str | None:

@@ -59,9 +59,16 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 # A commit into a small table (docs/architecture.md, "Small tables"): the files a MERGE changes are
-# rewritten instead of marked in deletion vectors, and a small batch's expressions are evaluated
-# without generating code.
+# rewritten instead of marked in deletion vectors; its plan runs as planned, in one partition after
+# each shuffle (adaptive execution makes a Spark job of every shuffle stage — 4 of a tiny MERGE's 11
+# jobs — and without it the rewrite writes a file per shuffle partition); a source that is the batch's
+# own rows is not copied first (Delta materializes a MERGE's source lest a second read give other
+# rows: rows held in the driver cannot); a small batch's expressions are evaluated without
+# generating code.
 MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
+ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
+SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
+MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 CODEGEN_FACTORY = "spark.sql.codegen.factoryMode"
 SMALL_BATCH_ROWS = 10_000
 APPLIED_KEY = "cdc_assets_applied_lsn"
@@ -212,16 +219,19 @@ class DeltaTarget:
         metrics = table.history(1)[0].get("operationMetrics") or {}
         return table.version(), {name: int(value) for name, value in metrics.items()}
 
-    def small_commit_settings(self, batch_rows: int) -> dict[str, str]:
+    def small_commit_settings(self, batch_rows: int, local_source: bool = False) -> dict[str, str]:
         """Spark settings for a commit of ``batch_rows`` rows: on a table whose data files add up to
         less than ``small_table_bytes``, a MERGE rewrites the files it changes (no deletion
-        vectors), and a batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without
-        generated code — both cost a tiny MERGE more than the bytes they save (docs/architecture.md,
-        "Small tables")."""
+        vectors), runs without adaptive execution in one shuffle partition, and does not copy a
+        ``local_source`` (the batch's rows alone, not a read of the table) before it starts; a
+        batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without generated code — each
+        costs a tiny MERGE more than it saves (docs/architecture.md, "Small tables")."""
         table = self.snapshot() if self.small_table_bytes else None
         if table is None or data_bytes(table) >= self.small_table_bytes:
             return {}
-        settings = {MERGE_DELETION_VECTORS: "false"}
+        settings = {MERGE_DELETION_VECTORS: "false", ADAPTIVE_EXECUTION: "false", SHUFFLE_PARTITIONS: "1"}
+        if local_source:
+            settings[MATERIALIZE_SOURCE] = "none"
         if batch_rows < SMALL_BATCH_ROWS:
             settings[CODEGEN_FACTORY] = "NO_CODEGEN"
         return settings
@@ -390,23 +400,26 @@ class DeltaTarget:
         lsn: int,
         *,
         batch_rows: int,
+        local_source: bool = False,
         idempotent: bool = True,
     ) -> dict[str, int]:
         """Run ``statement(view)`` — Delta SQL on this table (:attr:`sql_name`) reading ``source``
         as the temporary view ``view`` — as one commit recording ``lsn`` as the table's applied
         LSN. Delta skips it if the table already holds ``lsn`` or later. Returns the statement's
         result row (a MERGE's counts; empty for an INSERT or a skipped commit). ``batch_rows``: the
-        rows of the batch ``source`` holds (:meth:`small_commit_settings`).
+        rows of the batch ``source`` holds; ``local_source``: ``source`` is those rows alone, held in
+        the driver (:meth:`small_commit_settings`).
 
         ``idempotent=False`` (a rebuild at the LSN the table already holds) writes without the
         idempotency marker: the table's recorded version stays ``lsn``.
         """
         view = f"cdc_source_{uuid.uuid4().hex}"
         metadata: dict[str, object] = {APPLIED_KEY: lsn} | ({NOTE_KEY: self.note} if self.note else {})
-        settings = {USER_METADATA: json.dumps(metadata), **self.small_commit_settings(batch_rows)}
+        settings = {USER_METADATA: json.dumps(metadata), **self.small_commit_settings(batch_rows, local_source)}
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
         conf = self.spark.conf
+        before = conf.getAll  # the session's own settings (16 shuffle partitions, the user's): put back after
         source.createTempView(view)
         for key, value in settings.items():
             conf.set(key, value)
@@ -414,7 +427,10 @@ class DeltaTarget:
             rows = self.execute(statement(view))
         finally:
             for key in settings:
-                conf.unset(key)
+                if key in before:
+                    conf.set(key, before[key])
+                else:
+                    conf.unset(key)
             self.spark.catalog.dropTempView(view)
         fault_point("apply-commit")
         return {name: int(value) for name, value in rows[0].asDict().items()} if rows else {}

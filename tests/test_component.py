@@ -137,7 +137,7 @@ def scaffold(root: Path, name: str, dsn_env: str, tables: list[str]) -> Path:
     params = json.dumps({"dsn_env": dsn_env, "tables": tables})
     done = run_dg(root, "scaffold", "defs", COMPONENT, name, "--json-params", params)
     assert done.returncode == 0, done.stdout + done.stderr
-    folder = next(root.glob(f"*/defs/{name}"))
+    folder = next(root.glob(f"src/*/defs/{name}"))
     assert yaml.safe_load((folder / "defs.yaml").read_text())["attributes"] == {
         "config": "cdc.yaml",
         "key_prefix": [name],
@@ -151,7 +151,7 @@ def scaffold(root: Path, name: str, dsn_env: str, tables: list[str]) -> Path:
 def test_a_dg_project_mirrors_two_databases_and_runs_its_own_asset_after_the_mirror(
     tmp_path: Path, pg: Database, pg_other: Database, spark: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = tmp_path / "project"
+    root = tmp_path / "cdc_user_project"
     write_project(root, "cdc_user_project")
     shop_file = scaffold(root, "shop", "SHOP_DSN", list(TABLES))
     billing_file = scaffold(root, "billing", "BILLING_DSN", ["public.invoices"])
@@ -168,7 +168,7 @@ def test_a_dg_project_mirrors_two_databases_and_runs_its_own_asset_after_the_mir
     }
     for _, config in sources.values():
         setup(config)
-    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.syspath_prepend(str(root / "src"))
     defs = dg.ComponentTree.for_project(root).build_defs()
     dg.Definitions.validate_loadable(defs)
     mirror = Naming(("shop",)).mirror(sources[Naming(("shop",))][1].table("public.customers"))
@@ -212,7 +212,7 @@ def test_a_dg_project_mirrors_two_databases_and_runs_its_own_asset_after_the_mir
 
 @pytest.mark.slow
 def test_dg_check_defs_names_the_file_and_the_key_of_a_bad_setting(tmp_path: Path) -> None:
-    root = tmp_path / "project"
+    root = tmp_path / "cdc_checked_project"
     write_project(root, "cdc_checked_project")
     config = scaffold(root, "shop", "SHOP_DSN", ["public.orders"])
     component = config.parent / "defs.yaml"

@@ -17,30 +17,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 COMPONENT = "dagster_project.component.CdcComponent"
 
-PYPROJECT = """\
-[project]
-name = "{module}"
-version = "0.1.0"
-requires-python = ">=3.11"
-
-[tool.dg]
-directory_type = "project"
-
-[tool.dg.project]
-root_module = "{module}"
-"""
-
-DEFINITIONS = """\
-from pathlib import Path
-
-import dagster as dg
-
-
-@dg.definitions
-def defs() -> dg.Definitions:
-    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
-"""
-
 REPORTS = """\
 from pathlib import Path
 
@@ -49,7 +25,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 CUSTOMERS = dg.AssetKey(["shop", "delta", "public", "customers"])
-MIRROR = Path(__file__).resolve().parents[2] / "data" / "shop" / "warehouse" / "public" / "customers"
+MIRROR = Path(__file__).resolve().parents[3] / "data" / "shop" / "warehouse" / "public" / "customers"
 
 
 @dg.asset(deps=[CUSTOMERS], automation_condition=dg.AutomationCondition.eager())
@@ -61,14 +37,17 @@ def customer_count() -> dg.MaterializeResult:
 
 
 def write_project(root: Path, module: str) -> Path:
-    """The project at ``root`` (root module ``module``, with :data:`REPORTS` as ``defs/reports.py``);
+    """``create-dagster project`` at ``root`` (its folder's name must be ``module``; no ``uv sync``:
+    the project runs on this environment's packages), with :data:`REPORTS` as ``defs/reports.py``;
     its ``defs`` folder."""
-    defs = root / module / "defs"
-    defs.mkdir(parents=True)
-    (root / "pyproject.toml").write_text(PYPROJECT.format(module=module), encoding="utf-8")
-    (root / module / "__init__.py").write_text("", encoding="utf-8")
-    (root / module / "definitions.py").write_text(DEFINITIONS, encoding="utf-8")
-    (defs / "__init__.py").write_text("", encoding="utf-8")
+    assert root.name == module
+    command = shutil.which("create-dagster")
+    assert command is not None, "create-dagster is not installed"
+    done = subprocess.run(
+        [command, "project", str(root), "--no-uv-sync"], capture_output=True, text=True, check=False, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    defs = root / "src" / module / "defs"
     (defs / "reports.py").write_text(REPORTS, encoding="utf-8")
     return defs
 
@@ -77,6 +56,6 @@ def run_dg(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``dg <args>`` in the project at ``root`` (its output as text; the caller checks the code)."""
     command = shutil.which("dg")
     assert command is not None, "dg (dagster-dg-cli) is not installed"
-    path = os.pathsep.join([str(root), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(root / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "NO_COLOR": "1"}
     return subprocess.run([command, *args], cwd=root, env=env, capture_output=True, text=True, check=False, timeout=300)

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
@@ -22,9 +21,15 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
 from dagster_project.assets import mirror_key
-from dagster_project.merge_sensor import MERGE_SENSOR
 from tests.support.applied_marker import mark_applied
-from tests.support.dagster_env import DSN_VARIABLE, TABLES, create_source, load_code_location
+from tests.support.dagster_env import (
+    DSN_VARIABLE,
+    TABLES,
+    MergeTick,
+    create_source,
+    load_code_location,
+    tick_merge_sensors,
+)
 from tests.support.database import Database
 
 SLOT = "cdc_fresh_slot"
@@ -67,16 +72,12 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
         timedelta(minutes=FRESHNESS_MINUTES / 2),
     )
 
-    sensor = defs.resolve_sensor_def(MERGE_SENSOR)
     drain = defs.resolve_job_def("cdc_drain")
     with dg.instance_for_test() as instance:
-        cursor: str | None = None
+        cursors: dict[str, str | None] = {}
 
-        def tick() -> Any:
-            nonlocal cursor
-            context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursor)
-            result = sensor.evaluate_tick(context)
-            cursor = result.cursor or cursor
+        def tick() -> MergeTick:
+            result = tick_merge_sensors(defs, instance, cursors)
             for event in result.asset_events:  # as the daemon stores a sensor's asset events
                 instance.report_runless_asset_event(event)
             return result
@@ -93,20 +94,20 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
 
         # Applied up to the checkpoint (as a merge records it): current, said once.
         mark_applied(config, TABLES[0], first)
-        cursor = None
+        cursors.clear()
         current = tick()
         assert not current.run_requests
         [event] = current.asset_events
         assert event.asset_key == key and event.metadata["checkpoint_lsn"].value == format_lsn(first)
         assert "no change to public.customers" in event.metadata["write"].value
         assert instance.get_latest_materialization_event(key) is not None
-        assert "up to date" in (tick().skip_message or "")  # the checkpoint has not moved
+        assert tick().reasons() == {TABLES[0]: "up to date"}  # the checkpoint has not moved
 
         # A drain moves the checkpoint, the table has no change: too soon to say it again …
         second = drained()
         assert second > first
         soon = tick()
-        assert not soon.asset_events and "up to date" in (soon.skip_message or "")
+        assert not soon.asset_events and soon.reasons() == {TABLES[0]: "up to date"}
         # … a sixth of the window later, it is said again, at the new checkpoint.
         with clock_moved(monkeypatch, FRESHNESS_MINUTES * 60 / 6 + 1):
             later = tick()

@@ -38,7 +38,7 @@ from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.assets import CHANGELOG_KEY, mirror_key
 from dagster_project.demo import workload
 from dagster_project.factory import build_definitions
-from dagster_project.merge_sensor import MERGE_SENSOR
+from dagster_project.merge_sensor import merge_sensors
 from dagster_project.settings import load_settings
 from dagster_project.verify import VERIFY_KEY
 
@@ -161,7 +161,7 @@ def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) 
             out(f"round {number + 1}: changes committed; draining (as the schedule would)")
             _execute(defs, instance, [CHANGELOG_KEY], {"dagster/schedule_name": "cdc_drain_schedule"})
             wanted = _sensor_requests(defs, instance, cursors)
-            out(f"round {number + 1}: the merge sensor requests merges of {', '.join(wanted) or 'nothing'}")
+            out(f"round {number + 1}: the merge sensors request merges of {', '.join(wanted) or 'nothing'}")
             if not wanted:
                 continue
             result = _execute(defs, instance, [mirror_key(config.table(t)) for t in wanted], {"cdc/demo": "merge"})
@@ -287,12 +287,14 @@ def _remove(folder: Path) -> None:
 
 
 def _sensor_requests(defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None]) -> list[str]:
-    """Evaluate the merge sensor once, as the daemon would; the tables it asks to merge."""
-    sensor = defs.resolve_sensor_def(MERGE_SENSOR)
-    context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
-    result = sensor.evaluate_tick(context)
-    cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
-    return [request.run_key.split("@")[0] for request in result.run_requests or () if request.run_key]
+    """Evaluate each merge sensor once, as the daemon would; the tables they ask to merge."""
+    tables = []
+    for sensor in merge_sensors(defs):
+        context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
+        result = sensor.evaluate_tick(context)
+        cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
+        tables += [request.run_key.split("@")[0] for request in result.run_requests or () if request.run_key]
+    return tables
 
 
 def _execute(

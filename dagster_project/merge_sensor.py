@@ -22,6 +22,7 @@ the table itself; the sensor catches up what a failed run left).
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 from dagster import SensorEvaluationContext
@@ -47,6 +48,8 @@ from dagster_project.merge_verdict import (
 from dagster_project.run_tags import TABLE_TAG
 from dagster_project.settings import Settings
 
+Jobs = list[Any]
+"""What :data:`~dagster_project.automation.automation_job` makes (its class is not Dagster's public API)."""
 MERGE_SENSOR = "cdc_merges"
 """The one merge sensor for every table; a table's own is this, then ``__<schema>__<table>``."""
 PER_TABLE_SENSORS_MAX = 50
@@ -84,7 +87,7 @@ def build_merge_sensors(
     return [table_sensor(config, table, [jobs[table.name], copy_job]) for table in config.tables]
 
 
-def shared_sensor(config: Config, jobs: list[dg.UnresolvedAssetJobDefinition]) -> dg.SensorDefinition:
+def shared_sensor(config: Config, jobs: Jobs) -> dg.SensorDefinition:
     @dg.sensor(
         name=MERGE_SENSOR,
         jobs=jobs,
@@ -104,9 +107,7 @@ def shared_sensor(config: Config, jobs: list[dg.UnresolvedAssetJobDefinition]) -
     return merge_sensor
 
 
-def table_sensor(
-    config: Config, table: TableConfig, jobs: list[dg.UnresolvedAssetJobDefinition]
-) -> dg.SensorDefinition:
+def table_sensor(config: Config, table: TableConfig, jobs: Jobs) -> dg.SensorDefinition:
     @dg.sensor(
         name=merge_sensor_name(table),
         jobs=jobs,

@@ -12,8 +12,10 @@ instance settings of ``many_tables.py`` (sensors on 4 threads, ``merge_check_sec
 minute a ``cdc-assets drain`` (of writes to an unpublished table) moves the checkpoint on, as the
 drains of a live deployment do, so each tick takes the "current" path and reports an idle mirror
 now and then. After ``--warmup-minutes`` (every sensor's first ticks: a Delta read and a report
-each), the CPU seconds of the daemon and of the code server over ``--minutes``, and the ticks
-recorded meanwhile.
+each), the CPU of the daemon and of the code servers it starts (a new one every minute) over
+``--minutes``, and the ticks recorded meanwhile; with both shapes, the CPU seconds one more tick
+costs (the difference of the two shapes' CPU over the difference of their ticks: the daemon's other
+work — the run queue, the code servers' restarts — counted once).
 
 Output: ``merge_sensors.json`` and a summary on standard output.
 """
@@ -72,18 +74,16 @@ def write_unpublished(dsn: str) -> None:
         conn.execute("INSERT INTO public.unpublished SELECT generate_series(1, 100)")
 
 
-def processes(daemon: psutil.Process) -> dict[str, psutil.Process]:
-    """The daemon and the code server it started."""
-    found = {"daemon": daemon}
-    for child in daemon.children(recursive=True):
-        if "grpc" in " ".join(child.cmdline()):
-            found["code server"] = child
-    return found
+def code_server_started(daemon: psutil.Process) -> bool:
+    return any("grpc" in " ".join(child.cmdline()) for child in daemon.children(recursive=True))
 
 
-def cpu_s(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
+def cpu_s(daemon: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far of the daemon process, and of the code servers it started (the live
+    ones, and those it reaped: it starts a new one every minute)."""
+    times = daemon.cpu_times()
+    own = times.user + times.system
+    return {"daemon": own, "code servers": common.tree_cpu_s(daemon) - own}
 
 
 def ticks_since(home: Path, since: float) -> int:
@@ -106,7 +106,7 @@ def measure_shape(args: argparse.Namespace, work: Path, env: dict[str, str], sha
     try:
         daemon = psutil.Process(daemon_process.pid)
         started = time.monotonic()
-        while "code server" not in processes(daemon):
+        while not code_server_started(daemon):
             if time.monotonic() - started > READY_TIMEOUT_S or daemon_process.poll() is not None:
                 raise RuntimeError(f"{shape}: no code server; see {work}/daemon-{shape}.log")
             time.sleep(1)
@@ -117,14 +117,14 @@ def measure_shape(args: argparse.Namespace, work: Path, env: dict[str, str], sha
         since = 0.0
         while time.monotonic() < window_end:
             if not before and time.monotonic() >= window_start:
-                before = {role: cpu_s(p) for role, p in processes(daemon).items()}
+                before = cpu_s(daemon)
                 since = time.time()
             if time.monotonic() >= next_drain:  # the slot moves on: the drain moves the checkpoint
                 write_unpublished(env["CDC_SOURCE_DSN"])
                 common.cdc(env, work, "drain")
                 next_drain += DRAIN_EVERY_S
             time.sleep(1)
-        after = {role: cpu_s(p) for role, p in processes(daemon).items()}
+        after = cpu_s(daemon)
         seconds = args.minutes * 60
         cores = {role: round((after[role] - before[role]) / seconds, 3) for role in before}
         ticks = ticks_since(work / "dagster_home", since)
@@ -134,7 +134,7 @@ def measure_shape(args: argparse.Namespace, work: Path, env: dict[str, str], sha
             "cores": cores,
             "cores_total": round(sum(cores.values()), 3),
             "ticks": ticks,
-            "cpu_s_per_tick": round(sum(after[r] - before[r] for r in before) / max(ticks, 1), 3),
+            "ticks_per_sensor_minute": round(ticks / (args.tables if shape == "per_table" else 1) / args.minutes, 2),
         }
     finally:
         common.stop(daemon_process)
@@ -155,8 +155,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for name in table_names(args.tables):
             mark_applied(config, name, checkpoint)
         write_unpublished(cluster.dsn())
-        shapes = [measure_shape(args, work, env, shape) for shape in args.shapes.split(",")]
-        return {"tables": args.tables, "minutes": args.minutes, "check_seconds": CHECK_SECONDS, "shapes": shapes}
+        shapes = {shape: measure_shape(args, work, env, shape) for shape in args.shapes.split(",")}
+        result: dict[str, Any] = {"tables": args.tables, "minutes": args.minutes, "check_seconds": CHECK_SECONDS}
+        if {"per_table", "shared"} <= shapes.keys():  # what one more tick costs, the daemon's other work aside
+            table, shared = shapes["per_table"], shapes["shared"]
+            extra_cpu_s = (table["cores_total"] - shared["cores_total"]) * args.minutes * 60
+            result["cpu_s_per_extra_tick"] = round(extra_cpu_s / max(table["ticks"] - shared["ticks"], 1), 3)
+        return result | {"shapes": list(shapes.values())}
     finally:
         cluster.stop()
 

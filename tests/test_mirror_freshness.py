@@ -20,6 +20,7 @@ from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
+from dagster_project import merge_verdict
 from dagster_project.assets import mirror_key
 from tests.support.applied_marker import mark_applied
 from tests.support.dagster_env import (
@@ -106,8 +107,13 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
         # A drain moves the checkpoint, the table has no change: too soon to say it again …
         second = drained()
         assert second > first
-        soon = tick()
+        reads: list[str] = []  # what that tick looks at besides the checkpoint file
+        with monkeypatch.context() as patch:
+            patch.setattr(merge_verdict, "table_applied_lsn", lambda *a: reads.append("delta log"))
+            patch.setattr(instance, "get_latest_materialization_events", lambda *a: reads.append("materializations"))
+            soon = tick()
         assert not soon.asset_events and soon.reasons() == {TABLES[0]: "up to date"}
+        assert reads == []  # the cursor knows its Delta table held its last change, and when it was last said
         # … a sixth of the window later, it is said again, at the new checkpoint.
         with clock_moved(monkeypatch, FRESHNESS_MINUTES * 60 / 6 + 1):
             later = tick()

@@ -5,6 +5,7 @@ table's merges only. No Spark: the Delta tables hold the applied LSN delta-rs wr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -15,6 +16,7 @@ from cdc_assets.changelog.checkpoint import require_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.pipeline.drain import drain
+from dagster_project.merge_verdict import TableCursor
 from dagster_project.run_tags import TABLE_TAG
 from tests.support.applied_marker import mark_applied
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME
@@ -81,3 +83,10 @@ def test_three_tables_show_three_merge_sensors_and_turning_one_off_stops_that_ta
         wait_until(lambda: requested() == [CUSTOMERS, NOTES, ORDERS], timeout=60, what="the orders merge")
         daemon.iterate()
         assert merge_runs(instance) == [CUSTOMERS, NOTES, ORDERS]
+
+
+def test_a_shared_sensors_cursor_from_before_reads_as_the_checkpoint_requested() -> None:
+    """The shared sensor's cursor was table → checkpoint LSN; it reads on, as that LSN requested."""
+    assert TableCursor.from_json(42) == TableCursor(requested=42)
+    cursor = TableCursor(requested=42, held=40, seen=1_700_000_000)
+    assert TableCursor.from_json(json.loads(json.dumps(cursor.to_json()))) == cursor

@@ -54,6 +54,7 @@ from dagster_project.assets import CHANGELOG_KEY, HISTORY_START, REBUILD_KEY, hi
 from dagster_project.consistent import POINT_KEY
 from dagster_project.factory import build_definitions
 from dagster_project.maintenance import maintenance_key
+from dagster_project.merge_verdict import TableCursor
 from dagster_project.settings import load_settings
 from dagster_project.verify import VERIFY_KEY
 from tests.support.commit_time import commit_at
@@ -271,7 +272,7 @@ def test_schedule_drains_and_sensors_merge_only_tables_with_changes(env: Dagster
     for table, tick in ticks.items():
         [request] = tick.run_requests
         assert request.run_key == f"{table}@{env.checkpoint_lsn()}"
-        assert json.loads(tick.cursor or "{}")[table] == env.checkpoint_lsn()
+        assert TableCursor.from_json(json.loads(tick.cursor or "")).requested == env.checkpoint_lsn()
         assert request.job_name == f"cdc_merge__{table.replace('.', '__')}"
         assert env.defs.resolve_job_def(request.job_name).executor_def.name == "in_process"
     results = env.merge_requested(ticks)

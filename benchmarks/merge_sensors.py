@@ -1,21 +1,22 @@
 """What the merge sensors cost Dagster's daemon and code server: ``--tables`` idle tables with a
 merge sensor each (``schedule.merge_sensors: per_table``), then the one shared sensor (``shared``),
-under ``dagster-daemon run`` (the daemon and the code server it starts; no webserver, no Spark).
+under ``dagster-daemon run`` and a code server of its own (``dagster api grpc``, as deploy/'s
+workspace has it: a daemon that starts its own code servers starts a new one every minute, loading
+the code location again); no webserver, no Spark.
 
     python benchmarks/merge_sensors.py [--tables 300] [--minutes 5] [--warmup-minutes 2] [--pg 16]
                                        [--shapes per_table,shared] [--out merge-sensors-out]
 
 On a fresh server: ``--tables`` small keyed tables (``benchmarks/many_tables.py``'s), ``cdc-assets
 setup``, each Delta table marked applied up to the checkpoint with delta-rs (the apply's commit
-marker: what the sensors read), so no merge is due. Per shape, ``dagster-daemon run`` with the
-instance settings of ``many_tables.py`` (sensors on 4 threads, ``merge_check_seconds: 30``); every
+marker: what the sensors read), so no merge is due. Per shape, the code server and
+``dagster-daemon run`` with the instance settings of ``many_tables.py`` (sensors on 4 threads, ``merge_check_seconds: 30``); every
 minute a ``cdc-assets drain`` (of writes to an unpublished table) moves the checkpoint on, as the
 drains of a live deployment do, so each tick takes the "current" path and reports an idle mirror
 now and then. After ``--warmup-minutes`` (every sensor's first ticks: a Delta read and a report
-each), the CPU of the daemon and of the code servers it starts (a new one every minute) over
-``--minutes``, and the ticks recorded meanwhile; with both shapes, the CPU seconds one more tick
+each), the CPU of the daemon and of the code server over ``--minutes``, and the ticks recorded meanwhile; with both shapes, the CPU seconds one more tick
 costs (the difference of the two shapes' CPU over the difference of their ticks: the daemon's other
-work — the run queue, the code servers' restarts — counted once).
+work — the run queue, the other daemons — counted once).
 
 Output: ``merge_sensors.json`` and a summary on standard output.
 """
@@ -39,6 +40,7 @@ from many_tables import create_tables, table_names
 from cdc_assets.changelog.checkpoint import require_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
+from cdc_sandbox.pgcluster import free_port
 from tests.support.applied_marker import mark_applied
 
 CHECK_SECONDS = 30
@@ -74,16 +76,9 @@ def write_unpublished(dsn: str) -> None:
         conn.execute("INSERT INTO public.unpublished SELECT generate_series(1, 100)")
 
 
-def code_server_started(daemon: psutil.Process) -> bool:
-    return any("grpc" in " ".join(child.cmdline()) for child in daemon.children(recursive=True))
-
-
-def cpu_s(daemon: psutil.Process) -> dict[str, float]:
-    """CPU seconds so far of the daemon process, and of the code servers it started (the live
-    ones, and those it reaped: it starts a new one every minute)."""
-    times = daemon.cpu_times()
-    own = times.user + times.system
-    return {"daemon": own, "code servers": common.tree_cpu_s(daemon) - own}
+def cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 def ticks_since(home: Path, since: float) -> int:
@@ -100,31 +95,34 @@ def ticks_since(home: Path, since: float) -> int:
 
 def measure_shape(args: argparse.Namespace, work: Path, env: dict[str, str], shape: str) -> dict[str, Any]:
     env = {**env, **write_files(work, args.tables, shape)}
-    daemon_process = common.started(
-        ["dagster-daemon", "run", "-w", str(work / "workspace.yaml")], env, work / f"daemon-{shape}.log", work
-    )
+    port = free_port()
+    workspace = {"load_from": [{"grpc_server": {"host": "127.0.0.1", "port": port, "location_name": "cdc_assets"}}]}
+    (work / "workspace.yaml").write_text(json.dumps(workspace), encoding="utf-8")  # JSON is YAML
+    server = ["dagster", "api", "grpc", "-m", "dagster_project.definitions", "-h", "127.0.0.1", "-p", str(port)]
+    started = [common.started(server, env, work / f"code-server-{shape}.log", work)]
     try:
-        daemon = psutil.Process(daemon_process.pid)
-        started = time.monotonic()
-        while not code_server_started(daemon):
-            if time.monotonic() - started > READY_TIMEOUT_S or daemon_process.poll() is not None:
-                raise RuntimeError(f"{shape}: no code server; see {work}/daemon-{shape}.log")
-            time.sleep(1)
+        common.wait_for_line(
+            work / f"code-server-{shape}.log", "Started Dagster code server", started[0], READY_TIMEOUT_S
+        )
+        daemon_command = ["dagster-daemon", "run", "-w", str(work / "workspace.yaml")]
+        started.append(common.started(daemon_command, env, work / f"daemon-{shape}.log", work))
+        roles = {"daemon": psutil.Process(started[1].pid), "code server": psutil.Process(started[0].pid)}
+        started_at = time.monotonic()
         next_drain = time.monotonic()
-        window_start = started + args.warmup_minutes * 60
+        window_start = started_at + args.warmup_minutes * 60
         window_end = window_start + args.minutes * 60
         before: dict[str, float] = {}
         since = 0.0
         while time.monotonic() < window_end:
             if not before and time.monotonic() >= window_start:
-                before = cpu_s(daemon)
+                before = {role: cpu_s(p) for role, p in roles.items()}
                 since = time.time()
             if time.monotonic() >= next_drain:  # the slot moves on: the drain moves the checkpoint
                 write_unpublished(env["CDC_SOURCE_DSN"])
                 common.cdc(env, work, "drain")
                 next_drain += DRAIN_EVERY_S
             time.sleep(1)
-        after = cpu_s(daemon)
+        after = {role: cpu_s(p) for role, p in roles.items()}
         seconds = args.minutes * 60
         cores = {role: round((after[role] - before[role]) / seconds, 3) for role in before}
         ticks = ticks_since(work / "dagster_home", since)
@@ -137,7 +135,8 @@ def measure_shape(args: argparse.Namespace, work: Path, env: dict[str, str], sha
             "ticks_per_sensor_minute": round(ticks / (args.tables if shape == "per_table" else 1) / args.minutes, 2),
         }
     finally:
-        common.stop(daemon_process)
+        for process in reversed(started):
+            common.stop(process)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -52,10 +52,10 @@ Jobs = list[Any]
 """What :data:`~dagster_project.automation.automation_job` makes (its class is not Dagster's public API)."""
 MERGE_SENSOR = "cdc_merges"
 """The one merge sensor for every table; a table's own is this, then ``__<schema>__<table>``."""
-PER_TABLE_SENSORS_MAX = 50
-"""``merge_sensors: auto`` gives each table its own sensor up to this many tables (BENCHMARKS.md,
-"Merge sensors": ticking every 30 s, 50 sensors cost the daemon and the code server about a tenth
-of a core)."""
+PER_TABLE_SENSORS_MAX = 30
+"""``merge_sensors: auto`` gives each table its own sensor up to this many tables: a tick costs the
+daemon and the code server about 0.1 CPU-second (BENCHMARKS.md, "Merge sensors"), so 30 sensors
+ticking every 30 s take about a tenth of a core."""
 
 
 def merge_sensor_name(table: TableConfig) -> str:

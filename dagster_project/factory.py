@@ -27,7 +27,7 @@ from dagster_project.checks import (
 )
 from dagster_project.consistent import build_consistent_point_asset
 from dagster_project.maintenance import build_maintenance_asset, build_maintenance_schedule
-from dagster_project.merge_sensor import build_merge_sensor
+from dagster_project.merge_sensor import build_merge_sensors
 from dagster_project.recover import build_recover_job
 from dagster_project.resources import pipeline_resources
 from dagster_project.run_tags import POINT_TAG
@@ -36,8 +36,9 @@ from dagster_project.verify import build_verify_asset
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
-    """Named by ``settings.naming``: the drain asset, its held-WAL (and standby) checks and its schedule; per table a mirror asset
-    (and its merge job, which the one merge sensor launches), a maintenance asset, a history asset
+    """Named by ``settings.naming``: the drain asset, its held-WAL (and standby) checks and its
+    schedule; per table a mirror asset (and its merge job, which its merge sensor launches — or the
+    one shared by every table), a maintenance asset, a history asset
     and checks; one maintenance step and schedule for every table; the consistent point and its
     sensor; the snapshot, rebuild and verify assets; the recover job; the resources. It reads the
     configuration file only: every look at the change log, the warehouse or the source waits for a
@@ -83,7 +84,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
         sensors=[
             *([] if lag is None else [build_drain_sensor(settings, lag)]),
             *([build_consistent_point_sensor(settings)] if points else []),
-            build_merge_sensor(settings, mirrors),
+            *build_merge_sensors(settings, mirrors),
         ],
         jobs=[*jobs, build_recover_job(settings)],
         resources=pipeline_resources(settings),

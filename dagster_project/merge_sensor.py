@@ -1,77 +1,90 @@
-"""The merge sensor: one sensor for every table's merges (``cdc_merges``).
+"""The merge sensors: one per table (``cdc_merges__<schema>__<table>``), or one for every table
+(``cdc_merges``) — ``schedule.merge_sensors``; ``auto``, the default, gives each table its own up to
+:data:`PER_TABLE_SENSORS_MAX` tables.
 
-Each tick compares, per configured table, two small things — the change log's checkpoint file (the
-end LSN of the last transaction that changed the table) and the Delta log's recorded applied LSN
-(read with delta-rs) — and requests a merge run of the table (its job ``cdc_merge__<schema>__<table>``)
-when the log is ahead. No Spark, no WAL decoding. One tick reads the checkpoint once and asks the
-instance once for the runs in flight, whatever the number of tables: with a sensor per table,
-each tick cost Dagster's daemon and code server about half a CPU-second (a call between them, the
-sensor's view of the instance built anew), which 300 tables turned into a core.
+Each tick compares, per table, two small things — the change log's checkpoint file (the end LSN of
+the last transaction that changed the table) and the Delta log's recorded applied LSN (read with
+delta-rs) — and requests a merge run of the table (its job ``cdc_merge__<schema>__<table>``) when
+the log is ahead; it reports an idle mirror current as the drains move the checkpoint on, at most
+every sixth of ``schedule.freshness_minutes`` (the mirror's freshness policy counts
+materializations only: an idle table stays fresh, a table whose drain or merge stops goes stale).
+No Spark, no WAL decoding. Both shapes decide each table by :func:`~dagster_project.merge_verdict.table_verdict`
+on the table's cursor; they differ in what one tick covers. A table's own sensor can be paused,
+read and tested alone in the UI; each of its ticks is a call from Dagster's daemon to the code
+server, a cost the shared sensor pays once for every table (BENCHMARKS.md, "Merge sensors").
 
-The cursor maps each table to the checkpoint it was last requested (or confirmed) for, and the
-run key names it, so each range is requested once. While a table has nothing to merge and the
-drains move the checkpoint on, the tick reports a runless materialization saying the mirror is
-current as of the new checkpoint — at most every sixth of ``schedule.freshness_minutes`` — since
-the mirror's freshness policy counts materializations only: an idle table stays fresh, and a table
-whose drain or merge stops goes stale.
-
-Nothing is requested for a table while a merge of it is queued or running (its runs carry
-``cdc/table``: a run merges everything the log holds when it starts, so a second one queued behind
-it would only repeat its fixed costs), nor, with ``schedule.merge_with_drain``, while a drain run
-that merges is (it merges the table itself; the sensor catches up what a failed run left).
+The run key names the checkpoint, so each range is requested once. Nothing is requested for a
+table while a merge of it is queued or running (its runs carry ``cdc/table``: a run merges
+everything the log holds when it starts, so a second one queued behind it would only repeat its
+fixed costs), nor, with ``schedule.merge_with_drain``, while a drain run that merges is (it merges
+the table itself; the sensor catches up what a failed run left).
 """
 
 import json
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 from dagster import SensorEvaluationContext
 
-from cdc_assets.apply.target import table_applied_lsn
-from cdc_assets.changelog.checkpoint import awaiting_copy_reason, read_checkpoint
+from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
-from cdc_assets.config import TableConfig
-from cdc_assets.lsn import format_lsn
+from cdc_assets.config import Config, TableConfig
 from cdc_assets.names import TableName
-from dagster_project.automation import IN_FLIGHT, automation_job, idle_confirm_seconds, merge_selection
+from dagster_project.automation import automation_job, idle_confirm_seconds, merge_selection
+from dagster_project.merge_verdict import (
+    AllRuns,
+    RunsInFlight,
+    TableCursor,
+    TableRuns,
+    Verdict,
+    confirmations,
+    skip_message,
+    table_verdict,
+)
 from dagster_project.naming import Naming
-from dagster_project.run_tags import MERGES_TAG, TABLE_TAG
+from dagster_project.run_tags import TABLE_TAG
 from dagster_project.settings import Settings
 
-COPY_REASON_TAG = "cdc/copy_reason"
-"""Copies a table that a DDL rewrote (its partition of ``cdc/snapshot``), requested by the merge sensor."""
-NAMES_SHOWN = 10
-"""A skip message names at most this many tables per reason (a tick's message is stored)."""
+Jobs = list[Any]
+"""What :data:`~dagster_project.automation.automation_job` makes (its class is not Dagster's public API)."""
+PER_TABLE_SENSORS_MAX = 30
+"""``merge_sensors: auto`` gives each table its own sensor up to this many tables: a tick costs the
+daemon and the code server about 0.1 CPU-second (BENCHMARKS.md, "Merge sensors"), so 30 sensors
+ticking every 30 s take about a tenth of a core."""
 
 
-@dataclass(slots=True, frozen=True)
-class Verdict:
-    """What one tick does for one table: a merge request, a report that it is current, or neither
-    and why (``reason``)."""
-
-    table: str
-    request: dg.RunRequest | None = None
-    event: dg.AssetMaterialization | None = None
-    reason: str | None = None
+def merge_sensors(defs: dg.Definitions, naming: Naming) -> list[dg.SensorDefinition]:
+    """The merge sensors of ``naming``'s pipeline in a code location: every table's, or the shared one."""
+    return [s for s in defs.sensors or () if naming.is_merge_sensor(s.name)]
 
 
-def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.AssetsDefinition]) -> dg.SensorDefinition:
-    config = settings.config
-    naming = settings.naming
+def shares_one_sensor(config: Config) -> bool:
+    """Whether one merge sensor serves every table (``schedule.merge_sensors``)."""
+    choice = config.schedule.merge_sensors
+    return choice == "shared" or (choice == "auto" and len(config.tables) > PER_TABLE_SENSORS_MAX)
+
+
+def build_merge_sensors(
+    settings: Settings, mirrors: Mapping[TableName, dg.AssetsDefinition]
+) -> list[dg.SensorDefinition]:
+    config, naming = settings.config, settings.naming
     jobs = {
-        str(t.name): automation_job(
+        t.name: automation_job(
             naming.merge_job(t), merge_selection(mirrors[t.name]), tags={TABLE_TAG: naming.table_tag(t)}
         )
         for t in config.tables
     }
     copy_job = automation_job(naming.copy_job, [naming.snapshot])
-    every_s = idle_confirm_seconds(config)
+    if shares_one_sensor(config):
+        return [shared_sensor(config, naming, [*jobs.values(), copy_job])]
+    return [table_sensor(config, naming, table, [jobs[table.name], copy_job]) for table in config.tables]
 
+
+def shared_sensor(config: Config, naming: Naming, jobs: Jobs) -> dg.SensorDefinition:
     @dg.sensor(
         name=naming.merge_sensor,
-        jobs=[*jobs.values(), copy_job],
+        jobs=jobs,
         minimum_interval_seconds=config.schedule.merge_check_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
@@ -79,102 +92,64 @@ def build_merge_sensor(settings: Settings, mirrors: Mapping[TableName, dg.Assets
             " LSN, and reports an idle mirror current as the change log's checkpoint moves on."
         ),
     )
-    def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-        checkpoint = read_checkpoint(changelog_store(config))
-        if checkpoint is None:
-            return dg.SkipReason("the change log is not set up yet")
-        requested: dict[str, int] = json.loads(context.cursor) if context.cursor else {}
-        runs = context.instance.get_runs(dg.RunsFilter(statuses=IN_FLIGHT))
-        merging = {run.tags[TABLE_TAG] for run in runs if TABLE_TAG in run.tags}
-        slot = naming.slot_tag(config.source.slot)
-        drain_merges = config.schedule.merge_with_drain and any(run.tags.get(MERGES_TAG) == slot for run in runs)
-        verdicts: list[Verdict] = []
-        current: dict[str, int] = {}  # held tables whose checkpoint moved past the cursor: applied LSN
-        for table in config.tables:
-            name = str(table.name)
-            state = checkpoint.tables.get(name)
-            if state is None:
-                verdicts.append(Verdict(name, reason="the change log holds nothing for it yet"))
-                continue
-            if state.awaiting_copy is not None and state.copy_reason is not None:  # rewritten: copied again
-                key = f"{name}@copy:{state.awaiting_copy}"  # once per hold: Dagster skips a run key it launched
-                why = {COPY_REASON_TAG: state.copy_reason}  # shown on the run's page
-                request = dg.RunRequest(run_key=key, job_name=naming.copy_job, partition_key=name, tags=why)
-                verdicts.append(Verdict(name, request))
-                continue
-            if state.awaiting_copy is not None:
-                verdicts.append(Verdict(name, reason=awaiting_copy_reason(state)))
-                continue
-            applied = table_applied_lsn(config, table)
-            before = requested.get(name, -1)
-            if applied is not None and state.held_by(applied):
-                if checkpoint.lsn <= before:
-                    verdicts.append(Verdict(name, reason="up to date"))
-                else:
-                    current[name] = applied
-            elif naming.table_tag(table) in merging:
-                verdicts.append(Verdict(name, reason="a merge of it is queued or running"))
-            elif drain_merges:
-                verdicts.append(Verdict(name, reason="a drain run, which merges it too, is queued or running"))
-            elif checkpoint.lsn <= before:
-                verdicts.append(Verdict(name, reason=f"a merge up to {format_lsn(before)} was already requested"))
-            else:
-                request = dg.RunRequest(run_key=f"{name}@{checkpoint.lsn}", job_name=jobs[name].name)
-                verdicts.append(Verdict(name, request=request))
-        verdicts += confirmations(context, naming, config.tables, current, checkpoint.lsn, every_s)
-        done = [v for v in verdicts if v.request is not None or v.event is not None]
-        if not done:
-            return dg.SkipReason(skip_message(verdicts))
-        cursor = requested | {v.table: checkpoint.lsn for v in done}
-        return dg.SensorResult(
-            run_requests=[v.request for v in done if v.request is not None],
-            asset_events=[v.event for v in done if v.event is not None],
-            cursor=json.dumps(cursor, sort_keys=True),
-        )
+    def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult:
+        cursors = {name: TableCursor.from_json(v) for name, v in json.loads(context.cursor or "{}").items()}
+        runs = AllRuns(context.instance, naming, config.source.slot)
+        verdicts = tick(context, config, naming, config.tables, cursors, runs)
+        cursor = cursors | {v.name: v.cursor for v in verdicts}
+        return result(verdicts, json.dumps({n: c.to_json() for n, c in cursor.items()}, sort_keys=True))
 
     return merge_sensor
 
 
-def confirmations(
+def table_sensor(config: Config, naming: Naming, table: TableConfig, jobs: Jobs) -> dg.SensorDefinition:
+    @dg.sensor(
+        name=naming.table_merge_sensor(table),
+        jobs=jobs,
+        minimum_interval_seconds=config.schedule.merge_check_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=(
+            f"Requests a merge run of {table.name} when its change log holds changes beyond its Delta table's"
+            " applied LSN, and reports the mirror current as the change log's checkpoint moves on."
+        ),
+    )
+    def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult:
+        cursor = TableCursor.from_json(json.loads(context.cursor)) if context.cursor else TableCursor()
+        runs = TableRuns(context.instance, naming, config.source.slot)
+        verdicts = tick(context, config, naming, [table], {str(table.name): cursor}, runs)
+        return result(verdicts, json.dumps(verdicts[0].cursor.to_json()) if verdicts else context.cursor)
+
+    return merge_sensor
+
+
+def tick(
     context: SensorEvaluationContext,
+    config: Config,
     naming: Naming,
-    tables: tuple[TableConfig, ...],
-    current: dict[str, int],
-    checkpoint_lsn: int,
-    every_s: float,
+    tables: Sequence[TableConfig],
+    cursors: Mapping[str, TableCursor],
+    runs: RunsInFlight,
 ) -> list[Verdict]:
-    """For each mirror in ``current`` (it holds every change of its table up to the checkpoint,
-    which has moved past the cursor): a runless materialization saying it is current as of the
-    checkpoint, when its last materialization is ``every_s`` old (one query for them all)."""
-    if not current:
+    """Each of ``tables``' verdicts for this tick (none before the change log is set up)."""
+    checkpoint = read_checkpoint(changelog_store(config))
+    if checkpoint is None:
         return []
-    keys = {str(t.name): naming.mirror(t) for t in tables if str(t.name) in current}
-    latest = context.instance.get_latest_materialization_events(list(keys.values()))
-    now = time.time()  # the clock that stamps Dagster's events
-    verdicts = []
-    for name, key in keys.items():
-        last = latest.get(key)
-        if last is not None and now - last.timestamp < every_s:
-            verdicts.append(Verdict(name, reason="up to date"))
-            continue
-        metadata = {
-            "applied_lsn": format_lsn(current[name]),
-            "checkpoint_lsn": format_lsn(checkpoint_lsn),
-            "write": f"none: current, no change to {name} since the last merge",
-        }
-        verdicts.append(Verdict(name, event=dg.AssetMaterialization(key, metadata=metadata)))
-    return verdicts
+    verdicts = [
+        table_verdict(config, naming, checkpoint, runs, table, cursors.get(str(table.name), TableCursor()))
+        for table in tables
+    ]
+    return confirmations(config, naming, context.instance, verdicts, checkpoint.lsn, idle_confirm_seconds(config))
 
 
-def skip_message(verdicts: list[Verdict]) -> str:
-    """One line per reason: the reason, then the tables (at most :data:`NAMES_SHOWN` named)."""
-    tables: dict[str, list[str]] = {}
-    for verdict in verdicts:
-        tables.setdefault(verdict.reason or "", []).append(verdict.table)
-    lines = []
-    for reason, names in tables.items():
-        shown = ", ".join(names[:NAMES_SHOWN]) + (
-            f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else ""
-        )
-        lines.append(f"{reason}: {shown}")
-    return "\n".join(lines) or "no table configured"
+def result(verdicts: list[Verdict], cursor: str | None) -> dg.SensorResult:
+    """The tick's runs and events, or why there are none, and the cursor."""
+    done = [v for v in verdicts if v.done]
+    if not verdicts:
+        return dg.SensorResult(skip_reason="the change log is not set up yet", cursor=cursor)
+    if not done:
+        return dg.SensorResult(skip_reason=skip_message(verdicts), cursor=cursor)
+    return dg.SensorResult(
+        run_requests=[v.request for v in done if v.request is not None],
+        asset_events=[v.event for v in done if v.event is not None],
+        cursor=cursor,
+    )

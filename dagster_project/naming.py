@@ -111,7 +111,16 @@ class Naming:
 
     @property
     def merge_sensor(self) -> str:
+        """The one merge sensor for every table (``schedule.merge_sensors``)."""
         return self.name("cdc_merges")
+
+    def table_merge_sensor(self, table: TableConfig) -> str:
+        """A table's own merge sensor."""
+        return f"{self.merge_sensor}{SEPARATOR}{table_slug(table)}"
+
+    def is_merge_sensor(self, name: str) -> bool:
+        """Whether ``name`` is one of this pipeline's merge sensors (the shared one or a table's)."""
+        return name == self.merge_sensor or name.startswith(f"{self.merge_sensor}{SEPARATOR}")
 
     @property
     def drain_schedule(self) -> str:

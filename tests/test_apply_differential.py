@@ -44,16 +44,14 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pipeline.drain import drain
 from dagster_project.factory import build_definitions
-from dagster_project.naming import Naming
 from dagster_project.settings import load_settings
 from tests.support.bucket import Bucket
 from tests.support.config_file import DSN_VARIABLE
+from tests.support.dagster_env import MergeTick, tick_merge_sensors
 from tests.support.database import Database
 from tests.support.differential import OPS, SMALL_OPS, SMALL_SEEDS, SeedResult, drop_slots, run_seed
 from tests.support.mirror_diff import fast_spark
 from tests.support.workload import WorkloadStats
-
-MERGE_SENSOR = Naming().merge_sensor
 
 pytestmark = pytest.mark.slow  # not in the quick tier
 
@@ -151,21 +149,20 @@ def test_differential_with_the_change_log_and_the_warehouse_in_a_bucket(
     defs = build_definitions(load_settings(str(config.path)))
     instance = dg.DagsterInstance.ephemeral()
 
-    def tick() -> Any:
-        sensor = defs.resolve_sensor_def(MERGE_SENSOR)
-        return sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+    def tick() -> MergeTick:
+        return tick_merge_sensors(defs, instance)
 
     quiet = tick()  # merged by the seed, never by Dagster: the sensor says each mirror is current
     current = format_lsn(read_checkpoint(changelog_store(config)).lsn)  # type: ignore[union-attr]
     assert not quiet.run_requests, quiet.run_requests
     assert sorted((e.asset_key.path[1:], e.metadata["checkpoint_lsn"].value) for e in quiet.asset_events) == sorted(
         ([t.name.schema, t.name.name], current) for t in config.tables
-    ), (quiet.skip_message, quiet.asset_events)
+    ), (quiet.reasons(), quiet.asset_events)
     pg.execute("TRUNCATE ONLY " + ", ".join(t.name.sql for t in config.tables))  # a change in every table
     drain(config, wait=True)
     due = tick()
     assert sorted(r.run_key.split("@")[0] for r in due.run_requests) == sorted(str(t.name) for t in config.tables), (
-        due.skip_message
+        due.reasons()
     )
     with pg.connect() as conn:
         drop_slots(conn, [f"diff_{seed}" for seed in SMALL_SEEDS])

@@ -193,6 +193,15 @@ def test_changelog_retention_mistakes_are_refused(value: str) -> None:
         parse(text, CDC_SOURCE_DSN="x")
 
 
+def test_merge_sensors_is_a_choice() -> None:
+    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").schedule.merge_sensors == "auto"
+    shared = parse(EXAMPLE + "schedule: {merge_sensors: shared}\n", CDC_SOURCE_DSN="x")
+    assert shared.schedule.merge_sensors == "shared"
+    message = r"schedule.merge_sensors: expected 'auto' or 'per_table' or 'shared', got 'per-table'"
+    with pytest.raises(ConfigError, match=message):
+        parse(EXAMPLE + "schedule: {merge_sensors: per-table}\n", CDC_SOURCE_DSN="x")
+
+
 def test_drain_defaults_and_settings() -> None:
     defaults = parse(EXAMPLE, CDC_SOURCE_DSN="x").drain
     assert (defaults.follow_seconds, defaults.commit_seconds) == (0.0, 2.0)

@@ -126,7 +126,7 @@ def test_a_table_added_to_the_config_appears_on_reload(tmp_path: Path, monkeypat
     key = dg.AssetKey(["delta", "public", "notes"])
     assert key not in {spec.key for spec in before.resolve_all_asset_specs()}
     assert key in {spec.key for spec in after.resolve_all_asset_specs()}
-    assert "cdc_merge__public__notes" in {j.name for j in after.resolve_sensor_def("cdc_merges").jobs}
+    assert "cdc_merge__public__notes" in {j.name for j in after.resolve_sensor_def("cdc_merges__public__notes").jobs}
     partitions = after.resolve_assets_def(SNAPSHOT_KEY).partitions_def
     assert partitions is not None and NOTES in partitions.get_partition_keys()
     old = before.resolve_assets_def(SNAPSHOT_KEY).partitions_def

@@ -112,10 +112,10 @@ def test_sigterm_stops_the_demo_midway_with_its_postgres_and_spark(tmp_path: Pat
     command = Command("demo", "--dir", "shop", cwd=tmp_path)
     folder = tmp_path / "shop"
     try:
-        wait_until(lambda: command.printed("the merge sensor requests merges"), 600, "the demo's first merges")
+        wait_until(lambda: command.printed("the merge sensors request merges"), 600, "the demo's first merges")
 
         def spark_runs() -> bool:
-            command.printed("the merge sensor requests merges")  # raises if the demo ended
+            command.printed("the merge sensors request merges")  # raises if the demo ended
             return any("java" in process_name(p) for p in psutil.Process(command.process.pid).children(recursive=True))
 
         wait_until(spark_runs, 300, "the demo's Spark JVM")

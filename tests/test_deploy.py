@@ -449,6 +449,6 @@ def test_pipeline_config_loads_and_builds_the_code_location(
         "history/public/orders",
     }
     assert defs.resolve_schedule_def("cdc_drain_schedule").cron_schedule == config.schedule.drain_cron
-    assert {s.name for s in defs.sensors or []} == {"cdc_merges", "cdc_consistent_point"}
+    assert {s.name for s in defs.sensors or []} == {"cdc_merges__public__orders", "cdc_consistent_point"}
     [orders] = [spec for spec in defs.resolve_all_asset_specs() if spec.key.path == ["delta", "public", "orders"]]
     assert orders.metadata["dagster/table_name"] == "spark_catalog.public.orders"  # the UI shows the name

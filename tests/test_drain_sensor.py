@@ -12,11 +12,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from dagster_project.merge_sensor import merge_sensors
 from dagster_project.naming import Naming
 from tests.support.dagster_env import source_with_schedule
 from tests.support.database import Database
-
-MERGE_SENSOR = Naming().merge_sensor
 
 SLOT = "cdc_lag_slot"
 LAG_BYTES = 200_000
@@ -38,7 +37,7 @@ def test_the_drain_follows_the_slot_lag_one_run_at_a_time(
     with dg.instance_for_test() as instance:
         sensor, quiet = tick(defs, instance)
         assert sensor.minimum_interval_seconds == 10
-        assert defs.resolve_sensor_def(MERGE_SENSOR).minimum_interval_seconds == 5
+        assert {s.minimum_interval_seconds for s in merge_sensors(defs, Naming())} == {5}
         assert not quiet.run_requests and "bytes behind (a drain from 200,000)" in (quiet.skip_message or ""), quiet
 
         pg.execute("INSERT INTO public.scratch SELECT generate_series(1, 20000)")  # WAL the slot has not read

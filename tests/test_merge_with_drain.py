@@ -19,12 +19,12 @@ from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
 from dagster_project.naming import Naming
-from tests.support.dagster_env import DSN_VARIABLE, TABLES, sensor_reasons, source_with_schedule
+from tests.support.dagster_env import DSN_VARIABLE, TABLES, source_with_schedule, tick_merge_sensors
 from tests.support.database import Database
 from tests.support.mirror_diff import assert_delta_equals_source, holds_key
 from tests.support.pipeline import wait_until
 
-POINT_KEY, MERGE_SENSOR = Naming().consistent_point, Naming().merge_sensor
+POINT_KEY = Naming().consistent_point
 
 CUSTOMERS, ORDERS, NOTES = TABLES
 SLOT = "cdc_merging_drain_slot"
@@ -107,9 +107,9 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         drain(config)
         queued = instance.create_run_for_job(job, tags=job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED)
         assert tick(defs, instance, "cdc_drain_on_lag").skip_message == f"a drain of slot {SLOT} is queued or running"
-        waiting = tick(defs, instance, MERGE_SENSOR)
+        waiting = tick_merge_sensors(defs, instance)
         assert not waiting.run_requests
-        reasons = sensor_reasons(waiting.skip_message)
+        reasons = waiting.reasons()
         assert reasons[ORDERS] == "a drain run, which merges it too, is queued or running"
         # … while an idle table still goes on to its "current" path (which reports the mirror
         # current once its last materialization is old enough: tests/test_mirror_freshness.py).
@@ -117,15 +117,15 @@ def test_a_drain_run_merges_the_tables_it_brought_changes_to(
         instance.report_run_canceled(queued)
 
         # Then the merge sensor catches up, one merge run at a time.
-        [request] = tick(defs, instance, MERGE_SENSOR).run_requests
+        [request] = tick_merge_sensors(defs, instance).run_requests
         assert request.job_name == "cdc_merge__public__orders"
         merge_job = defs.resolve_job_def(request.job_name)
         pending = instance.create_run_for_job(
             merge_job, tags=merge_job.run_tags, status=dg.DagsterRunStatus.NOT_STARTED
         )
-        behind = tick(defs, instance, MERGE_SENSOR)
+        behind = tick_merge_sensors(defs, instance)
         assert not behind.run_requests
-        assert sensor_reasons(behind.skip_message)[ORDERS] == "a merge of it is queued or running"
+        assert behind.reasons()[ORDERS] == "a merge of it is queued or running"
         instance.report_run_canceled(pending)
         result = merge_job.execute_in_process(
             instance=instance, tags={**request.tags, "dagster/run_key": request.run_key}

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import dagster as dg
 import pytest
@@ -21,12 +20,20 @@ from cdc_assets.changelog.checkpoint import read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import load_config
 from cdc_assets.lsn import format_lsn
+from dagster_project import merge_verdict
 from dagster_project.naming import Naming
 from tests.support.applied_marker import mark_applied
-from tests.support.dagster_env import DSN_VARIABLE, TABLES, create_source, load_code_location
+from tests.support.dagster_env import (
+    DSN_VARIABLE,
+    TABLES,
+    MergeTick,
+    create_source,
+    load_code_location,
+    tick_merge_sensors,
+)
 from tests.support.database import Database
 
-mirror_key, MERGE_SENSOR = Naming().mirror, Naming().merge_sensor
+mirror_key = Naming().mirror
 
 SLOT = "cdc_fresh_slot"
 FRESHNESS_MINUTES = 12  # confirmations at most every 2 minutes
@@ -68,16 +75,12 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
         timedelta(minutes=FRESHNESS_MINUTES / 2),
     )
 
-    sensor = defs.resolve_sensor_def(MERGE_SENSOR)
     drain = defs.resolve_job_def("cdc_drain")
     with dg.instance_for_test() as instance:
-        cursor: str | None = None
+        cursors: dict[str, str | None] = {}
 
-        def tick() -> Any:
-            nonlocal cursor
-            context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursor)
-            result = sensor.evaluate_tick(context)
-            cursor = result.cursor or cursor
+        def tick() -> MergeTick:
+            result = tick_merge_sensors(defs, instance, cursors)
             for event in result.asset_events:  # as the daemon stores a sensor's asset events
                 instance.report_runless_asset_event(event)
             return result
@@ -94,20 +97,25 @@ def test_an_idle_mirror_is_reported_current_as_the_drains_move_on(
 
         # Applied up to the checkpoint (as a merge records it): current, said once.
         mark_applied(config, TABLES[0], first)
-        cursor = None
+        cursors.clear()
         current = tick()
         assert not current.run_requests
         [event] = current.asset_events
         assert event.asset_key == key and event.metadata["checkpoint_lsn"].value == format_lsn(first)
         assert "no change to public.customers" in event.metadata["write"].value
         assert instance.get_latest_materialization_event(key) is not None
-        assert "up to date" in (tick().skip_message or "")  # the checkpoint has not moved
+        assert tick().reasons() == {TABLES[0]: "up to date"}  # the checkpoint has not moved
 
         # A drain moves the checkpoint, the table has no change: too soon to say it again …
         second = drained()
         assert second > first
-        soon = tick()
-        assert not soon.asset_events and "up to date" in (soon.skip_message or "")
+        reads: list[str] = []  # what that tick looks at besides the checkpoint file
+        with monkeypatch.context() as patch:
+            patch.setattr(merge_verdict, "table_applied_lsn", lambda *a: reads.append("delta log"))
+            patch.setattr(instance, "get_latest_materialization_events", lambda *a: reads.append("materializations"))
+            soon = tick()
+        assert not soon.asset_events and soon.reasons() == {TABLES[0]: "up to date"}
+        assert reads == []  # the cursor knows its Delta table held its last change, and when it was last said
         # … a sixth of the window later, it is said again, at the new checkpoint.
         with clock_moved(monkeypatch, FRESHNESS_MINUTES * 60 / 6 + 1):
             later = tick()

@@ -48,7 +48,7 @@ DRAIN_JOB = "cdc_drain"
 ASSET_KEYS = ["cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify", "cdc/consistent_point"] + [
     f"{kind}/{table.replace('.', '/')}" for kind in ("delta", "maintenance", "history") for table in TABLES
 ]
-SENSORS = ["cdc_merges"]
+SENSORS = [f"cdc_merges__{table.replace('.', '__')}" for table in TABLES]  # a merge sensor per table
 POINT_SENSOR = "cdc_consistent_point"
 # One transaction after the snapshot: what the launched drain must find.
 TRANSACTION = [
@@ -246,7 +246,7 @@ def test_automation_shows_the_drain_schedule_with_the_files_cron_and_the_merge_s
     assert any(link.endswith(f"/jobs/{DRAIN_JOB}") for link in browser.links()), browser.links()  # its target
 
     browser.open(f"{ui.server.url}/locations/{LOCATION}/sensors/{SENSORS[0]}")
-    browser.wait_for("Requests a merge run of each table whose change log holds changes beyond its Delta table's")
+    browser.wait_for(f"Requests a merge run of {TABLES[0]} when its change log holds changes beyond its Delta table's")
 
 
 def test_drain_launched_through_graphql_runs_and_its_metadata_shows_on_the_asset_page(

@@ -18,6 +18,7 @@ from cdc_assets.storage import StorageConfig
 
 Streaming = Literal["off", "on", "parallel"]
 Truncate = Literal["apply", "ignore"]
+MergeSensors = Literal["auto", "per_table", "shared"]
 
 
 def setting(default: Any = MISSING, kind: str = "text", *, factory: Any = MISSING, **options: Any) -> Any:
@@ -102,7 +103,9 @@ class ScheduleConfig:
 
     ``drain_lag_bytes``: besides the cron, a sensor requests a drain whenever the slot is at least
     this many WAL bytes behind (None: the cron alone), looking every ``drain_check_seconds``;
-    the merge sensor looks every ``merge_check_seconds``. ``merge_with_drain``: each drain
+    the merge sensors look every ``merge_check_seconds``: one per table (``merge_sensors:
+    per_table``), one for every table (``shared``), or ``auto`` — one per table up to a number of
+    tables (``dagster_project.merge_sensor.PER_TABLE_SENSORS_MAX``). ``merge_with_drain``: each drain
     run also merges every table the drain brought changes to (one run per cycle, not one per
     table; a following drain merges after each durable batch, as it goes). A mirror whose last
     materialization is ``freshness_minutes`` old fails its freshness policy (warns at half).
@@ -117,6 +120,7 @@ class ScheduleConfig:
     drain_lag_bytes: int | None = setting(None, "positive")
     drain_check_seconds: int = setting(30, "positive")
     merge_check_seconds: int = setting(30, "positive")
+    merge_sensors: MergeSensors = setting("auto", "choice", choices=("auto", "per_table", "shared"))
     merge_with_drain: bool = setting(False, "flag")
     freshness_minutes: int = setting(30, "positive")
     run_max_concurrent: int = setting(2, "positive")

@@ -38,6 +38,8 @@ from cdc_sandbox.pgcluster import ThrowawayCluster, reachable_by_others
 from cdc_sandbox.s3server import ThrowawayS3Server
 from dagster_project.demo import workload
 from dagster_project.factory import build_definitions
+from dagster_project.merge_sensor import merge_sensors
+from dagster_project.naming import Naming
 from dagster_project.settings import load_settings
 
 DSN_ENV = "CDC_SOURCE_DSN"
@@ -160,8 +162,8 @@ def _run_pipeline(folder: Path, cluster_root: Path, out: Callable[[str], None]) 
                 workload.run_round(conn, number)
             out(f"round {number + 1}: changes committed; draining (as the schedule would)")
             _execute(defs, instance, [names.changelog], {"dagster/schedule_name": names.drain_schedule})
-            wanted = _sensor_requests(defs, instance, cursors, names.merge_sensor)
-            out(f"round {number + 1}: the merge sensor requests merges of {', '.join(wanted) or 'nothing'}")
+            wanted = _sensor_requests(defs, instance, cursors, names)
+            out(f"round {number + 1}: the merge sensors request merges of {', '.join(wanted) or 'nothing'}")
             if not wanted:
                 continue
             result = _execute(defs, instance, [names.mirror(config.table(t)) for t in wanted], {"cdc/demo": "merge"})
@@ -287,14 +289,16 @@ def _remove(folder: Path) -> None:
 
 
 def _sensor_requests(
-    defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None], name: str
+    defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None], names: Naming
 ) -> list[str]:
-    """Evaluate the merge sensor ``name`` once, as the daemon would; the tables it asks to merge."""
-    sensor = defs.resolve_sensor_def(name)
-    context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
-    result = sensor.evaluate_tick(context)
-    cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
-    return [request.run_key.split("@")[0] for request in result.run_requests or () if request.run_key]
+    """Evaluate each merge sensor once, as the daemon would; the tables they ask to merge."""
+    tables = []
+    for sensor in merge_sensors(defs, names):
+        context = dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursors.get(sensor.name))
+        result = sensor.evaluate_tick(context)
+        cursors[sensor.name] = result.cursor or cursors.get(sensor.name)
+        tables += [request.run_key.split("@")[0] for request in result.run_requests or () if request.run_key]
+    return tables
 
 
 def _execute(

@@ -5,7 +5,7 @@ plain keyed one, a row-filtered one and a ``REPLICA IDENTITY FULL`` one, whose u
 carry the whole old row), a persistent Dagster test
 instance, and the code location's definitions loaded through its real entry point
 (``dagster_project.definitions.defs`` with ``CDC_CONFIG`` set). It evaluates the drain schedule and
-the per-table sensors as the daemon would (``build_schedule_context`` / ``build_sensor_context``
+the merge sensors as the daemon would (``build_schedule_context`` / ``build_sensor_context``
 with cursors kept between ticks) and executes the run requests in-process against the instance,
 on the test run's one Spark session (the code location's ``SparkResource`` calls ``getOrCreate``).
 
@@ -42,6 +42,7 @@ from cdc_assets.config import Config, load_config
 from cdc_assets.names import TableName
 from cdc_assets.pipeline.setup import setup
 from dagster_project.demo.run import DAGSTER_YAML
+from dagster_project.merge_sensor import merge_sensors, shares_one_sensor
 from dagster_project.naming import Naming
 from tests.support.config_file import DSN_VARIABLE, FILE_NAME, SOURCE, write_config
 from tests.support.database import Database
@@ -136,7 +137,7 @@ def materialization(result: dg.ExecuteInProcessResult, key: dg.AssetKey) -> dict
 
 @dataclass
 class SensorTick:
-    """One evaluation of the merge sensor, as one table sees it."""
+    """One evaluation of a table's merge sensor (its own, or the shared one), as the table sees it."""
 
     table: str
     sensor: dg.SensorDefinition
@@ -150,12 +151,55 @@ class SensorTick:
 
 
 def sensor_reasons(message: str | None) -> dict[str, str]:
-    """The merge sensor's skip message, ``<reason>: <table>, <table>`` per line, as table → reason."""
+    """A merge sensor's skip message, ``<reason>: <table>, <table>`` per line, as table → reason."""
     reasons = {}
     for line in (message or "").splitlines():
         reason, names = line.rsplit(": ", 1)
         reasons |= dict.fromkeys(names.split(", "), reason)
     return reasons
+
+
+def merge_sensor_results(
+    defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None] | None = None
+) -> dict[str, Any]:
+    """One tick of each merge sensor of ``defs``, as the daemon evaluates it: with its cursor in
+    ``cursors``, which keeps the cursor it returns (None: with no cursor, none kept); sensor name →
+    its ``SensorExecutionData``."""
+    results = {}
+    for sensor in merge_sensors(defs, Naming()):
+        cursor = None if cursors is None else cursors.get(sensor.name)
+        results[sensor.name] = sensor.evaluate_tick(
+            dg.build_sensor_context(instance=instance, definitions=defs, cursor=cursor)
+        )
+        if cursors is not None and results[sensor.name].cursor is not None:
+            cursors[sensor.name] = results[sensor.name].cursor
+    return results
+
+
+@dataclass
+class MergeTick:
+    """One tick of every merge sensor of a code location, taken together."""
+
+    results: dict[str, Any]
+
+    @property
+    def run_requests(self) -> list[dg.RunRequest]:
+        return [r for result in self.results.values() for r in result.run_requests or []]
+
+    @property
+    def asset_events(self) -> list[dg.AssetMaterialization]:
+        return [e for result in self.results.values() for e in result.asset_events or []]
+
+    def reasons(self) -> dict[str, str]:
+        """Table → why its sensor did nothing for it."""
+        return {t: r for result in self.results.values() for t, r in sensor_reasons(result.skip_message).items()}
+
+
+def tick_merge_sensors(
+    defs: dg.Definitions, instance: dg.DagsterInstance, cursors: dict[str, str | None] | None = None
+) -> MergeTick:
+    """:func:`merge_sensor_results`, taken together."""
+    return MergeTick(merge_sensor_results(defs, instance, cursors))
 
 
 def requested(ticks: Mapping[str, SensorTick]) -> set[str]:
@@ -223,27 +267,24 @@ class DagsterEnv:
         assert result.success
         return result
 
+    def merge_sensor_of(self, table: str) -> dg.SensorDefinition:
+        """The merge sensor that ticks for ``table``: its own, or the one shared by every table."""
+        config = self.config()
+        name = Naming().merge_sensor if shares_one_sensor(config) else Naming().table_merge_sensor(config.table(table))
+        return self.defs.resolve_sensor_def(name)
+
     def evaluate_sensors(self, *, fresh: bool = False) -> dict[str, SensorTick]:
-        """One tick of the merge sensor, with the cursor of its previous tick (``fresh``: with no
+        """One tick of each merge sensor, with the cursor of its previous tick (``fresh``: with no
         cursor, and the cursor it returns is not kept), seen per table: its run requests, the
-        tick's skip message."""
-        sensor = self.defs.resolve_sensor_def(Naming().merge_sensor)
-        cursor = None if fresh else self.cursors.get(sensor.name)
-        context = dg.build_sensor_context(instance=self.instance, definitions=self.defs, cursor=cursor)
-        result = sensor.evaluate_tick(context)
-        if not fresh and result.cursor is not None:
-            self.cursors[sensor.name] = result.cursor
-        requests = list(result.run_requests or [])
-        return {
-            table: SensorTick(
-                table,
-                sensor,
-                [r for r in requests if (r.run_key or "").split("@")[0] == table],
-                result.skip_message,
-                result.cursor,
-            )
-            for table in (str(t.name) for t in self.config().tables)
-        }
+        tick's skip message (a shared sensor ticks once for every table)."""
+        results = merge_sensor_results(self.defs, self.instance, None if fresh else self.cursors)
+        ticks = {}
+        for table in (str(t.name) for t in self.config().tables):
+            sensor = self.merge_sensor_of(table)
+            result = results[sensor.name]
+            requests = [r for r in result.run_requests or [] if (r.run_key or "").split("@")[0] == table]
+            ticks[table] = SensorTick(table, sensor, requests, result.skip_message, result.cursor)
+        return ticks
 
     def execute_request(self, tick: SensorTick, request: dg.RunRequest) -> dg.ExecuteInProcessResult:
         """Execute one sensor run request as the daemon would launch it: the request's job (else the

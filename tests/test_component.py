@@ -58,7 +58,7 @@ def test_the_default_naming_gives_the_code_location_its_names(tmp_path: Path) ->
         | {f"{kind}/{schema}/{table}" for kind in ("delta", "history", "maintenance") for schema, table in tables},
         "jobs": {"cdc_drain", "cdc_consistent_point", "cdc_copy_held", "cdc_recover", "cdc_maintain"}
         | {f"cdc_merge__{schema}__{table}" for schema, table in tables},
-        "sensors": {"cdc_merges", "cdc_drain_on_lag", "cdc_consistent_point"},
+        "sensors": {"cdc_drain_on_lag", "cdc_consistent_point"} | {f"cdc_merges__{s}__{t}" for s, t in tables},
         "schedules": {"cdc_drain_schedule", "cdc_maintain"},
         "resources": {"source", "spark"},
         "pools": {f"cdc_drain__{SOURCE['slot']}"}

@@ -18,6 +18,7 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -863,6 +864,15 @@ def test_a_local_driver_allocates_no_page_or_broadcast_block_that_g1_calls_humon
     assert chosen["spark.buffer.pageSize"] == "2m"
     cluster = session_settings(SparkConfig(master="spark://h:7077"))
     assert "spark.buffer.pageSize" not in cluster and "spark.broadcast.blockSize" not in cluster
+
+
+def test_delta_jars_are_those_of_the_installed_delta_spark_for_the_installed_spark_minor() -> None:
+    """The jars requested follow the installed pyspark and delta-spark (any pair the version ranges
+    of pyproject.toml allow); a release with no jars on Maven Central (4.4.1) runs with those of
+    the release it repackages."""
+    assert delta_package() == delta_package(version("pyspark"), version("delta-spark"))
+    assert delta_package("4.0.1", "4.4.0") == "io.delta:delta-spark_4.0_2.13:4.4.0"
+    assert delta_package("4.2.0", "4.4.1") == "io.delta:delta-spark_4.2_2.13:4.4.0"
 
 
 def test_a_start_passes_the_jars_an_earlier_start_resolved_and_resolves_again_when_one_is_gone(

@@ -187,7 +187,7 @@ def test_code_location_loads_with_dg_and_lists_its_definitions(tmp_path: Path, m
     assert listing.returncode == 0, err
     listed = json.loads(out)
     expected = expected_keys()
-    assert {a["asset_key"] for a in listed["assets"]} == expected["assets"]
+    assert {a.get("asset_key", a.get("key")) for a in listed["assets"]} == expected["assets"]  # `key` before dg 1.12.19
     assert {c["key"] for c in listed["asset_checks"]} == expected["checks"]
     assert {s["name"] for s in listed["sensors"]} == expected["sensors"]
     schedules = {s["name"]: s["cron_schedule"] for s in listed["schedules"]}

@@ -3,10 +3,10 @@
 A classic session gets Delta's SQL extension and catalog, and Delta's jars through
 ``spark.jars.packages`` (resolved from Maven Central by Spark's Ivy at session start; cached in
 ``~/.ivy2.5.2``; the jars a resolution gave are remembered there, and later starts pass them as
-``spark.jars`` without resolving again: ``resolved_jars.py``). The delta-spark 4.4.1 Python package has no jars of its own and its 4.4.1 jars
-are not on Maven Central, so the package requested is the newest published one for this Spark
-minor (``DELTA_JARS_VERSION``); set ``spark.jars.packages`` or ``spark.jars`` in the
-configuration to choose other jars (e.g. for an offline cluster). When Delta's jar is already on
+``spark.jars`` without resolving again: ``resolved_jars.py``). The jars requested are those of
+the installed delta-spark, built for the installed pyspark's minor (``delta_package``); set
+``spark.jars.packages`` or ``spark.jars`` in the configuration to choose other jars (e.g. for an
+offline cluster). When Delta's jar is already on
 Spark's own classpath (``$SPARK_HOME/jars``, as in deploy/Dockerfile's image), nothing is
 resolved. With the warehouse on S3 (``SparkConfig.storage``), the session also gets Hadoop's s3a
 settings from the ``storage`` section and the ``hadoop-aws`` jar of the Hadoop that pyspark ships
@@ -24,6 +24,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
 
 import pyspark
@@ -37,14 +38,18 @@ from cdc_assets.errors import ConfigError
 from cdc_assets.interrupts import interrupts_deferred
 from cdc_assets.source.reconnect import RECONNECT_SECONDS
 
-DELTA_JARS_VERSION = "4.4.0"
 SCALA_VERSION = "2.13"
+# delta-spark releases with no jars of their own on Maven Central (4.4.1's Python package differs
+# from 4.4.0's in its version number only): the release whose jars they run with
+JARS_OF_RELEASE = {"4.4.1": "4.4.0"}
 
 
-def delta_package(spark_version: str = pyspark.__version__) -> str:
-    """The Maven coordinates of the Delta jars for a Spark version (``4.2.0`` → ``delta-spark_4.2_2.13``)."""
+def delta_package(spark_version: str = pyspark.__version__, delta_version: str = version("delta-spark")) -> str:
+    """The Maven coordinates of the jars of a delta-spark release built for a Spark version's
+    minor (pyspark ``4.2.0``, delta-spark ``4.4.1`` → ``io.delta:delta-spark_4.2_2.13:4.4.0``),
+    as delta-spark's own ``configure_spark_with_delta_pip`` names them."""
     minor = ".".join(spark_version.split(".")[:2])
-    return f"io.delta:delta-spark_{minor}_{SCALA_VERSION}:{DELTA_JARS_VERSION}"
+    return f"io.delta:delta-spark_{minor}_{SCALA_VERSION}:{JARS_OF_RELEASE.get(delta_version, delta_version)}"
 
 
 def hadoop_aws_package() -> str:

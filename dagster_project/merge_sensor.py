@@ -75,10 +75,14 @@ def build_merge_sensors(
         )
         for t in config.tables
     }
-    copy_job = automation_job(naming.copy_job, [naming.snapshot])
     if shares_one_sensor(config):
-        return [shared_sensor(config, naming, [*jobs.values(), copy_job])]
-    return [table_sensor(config, naming, table, [jobs[table.name], copy_job]) for table in config.tables]
+        return [shared_sensor(config, naming, [*jobs.values(), automation_job(naming.copy_job, [naming.snapshot])])]
+    # a copy job per table: a job belongs to one sensor (a component's definitions are copied, and
+    # one job shared by sensors would become several of one name)
+    return [
+        table_sensor(config, naming, t, [jobs[t.name], automation_job(naming.table_copy_job(t), [naming.snapshot])])
+        for t in config.tables
+    ]
 
 
 def shared_sensor(config: Config, naming: Naming, jobs: Jobs) -> dg.SensorDefinition:
@@ -95,7 +99,7 @@ def shared_sensor(config: Config, naming: Naming, jobs: Jobs) -> dg.SensorDefini
     def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult:
         cursors = {name: TableCursor.from_json(v) for name, v in json.loads(context.cursor or "{}").items()}
         runs = AllRuns(context.instance, naming, config.source.slot)
-        verdicts = tick(context, config, naming, config.tables, cursors, runs)
+        verdicts = tick(context, config, naming, config.tables, cursors, runs, naming.copy_job)
         cursor = cursors | {v.name: v.cursor for v in verdicts}
         return result(verdicts, json.dumps({n: c.to_json() for n, c in cursor.items()}, sort_keys=True))
 
@@ -116,7 +120,7 @@ def table_sensor(config: Config, naming: Naming, table: TableConfig, jobs: Jobs)
     def merge_sensor(context: SensorEvaluationContext) -> dg.SensorResult:
         cursor = TableCursor.from_json(json.loads(context.cursor)) if context.cursor else TableCursor()
         runs = TableRuns(context.instance, naming, config.source.slot)
-        verdicts = tick(context, config, naming, [table], {str(table.name): cursor}, runs)
+        verdicts = tick(context, config, naming, [table], {str(table.name): cursor}, runs, naming.table_copy_job(table))
         return result(verdicts, json.dumps(verdicts[0].cursor.to_json()) if verdicts else context.cursor)
 
     return merge_sensor
@@ -129,13 +133,15 @@ def tick(
     tables: Sequence[TableConfig],
     cursors: Mapping[str, TableCursor],
     runs: RunsInFlight,
+    copy_job: str,
 ) -> list[Verdict]:
-    """Each of ``tables``' verdicts for this tick (none before the change log is set up)."""
+    """Each of ``tables``' verdicts for this tick (none before the change log is set up);
+    ``copy_job``: the job that copies a rewritten table again."""
     checkpoint = read_checkpoint(changelog_store(config))
     if checkpoint is None:
         return []
     verdicts = [
-        table_verdict(config, naming, checkpoint, runs, table, cursors.get(str(table.name), TableCursor()))
+        table_verdict(config, naming, checkpoint, runs, table, cursors.get(str(table.name), TableCursor()), copy_job)
         for table in tables
     ]
     return confirmations(config, naming, context.instance, verdicts, checkpoint.lsn, idle_confirm_seconds(config))

@@ -133,9 +133,16 @@ class Verdict:
 
 
 def table_verdict(
-    config: Config, naming: Naming, checkpoint: Checkpoint, runs: RunsInFlight, table: TableConfig, cursor: TableCursor
+    config: Config,
+    naming: Naming,
+    checkpoint: Checkpoint,
+    runs: RunsInFlight,
+    table: TableConfig,
+    cursor: TableCursor,
+    copy_job: str,
 ) -> Verdict:
-    """What this tick does for ``table``, its cursor ``cursor`` (the module's docstring)."""
+    """What this tick does for ``table``, its cursor ``cursor`` (the module's docstring); a
+    rewritten table is copied again by ``copy_job``."""
     name = str(table.name)
     state = checkpoint.tables.get(name)
     if state is None:
@@ -144,7 +151,7 @@ def table_verdict(
     if state.awaiting_copy is not None and state.copy_reason is not None:  # rewritten: copied again
         key = f"{name}@copy:{state.awaiting_copy}"  # once per hold: Dagster skips a run key it launched
         why = {COPY_REASON_TAG: state.copy_reason}  # shown on the run's page
-        request = dg.RunRequest(run_key=key, job_name=naming.copy_job, partition_key=name, tags=why)
+        request = dg.RunRequest(run_key=key, job_name=copy_job, partition_key=name, tags=why)
         return Verdict(table, replace(cursor, requested=checkpoint.lsn), request)
     if state.awaiting_copy is not None:
         return Verdict(table, cursor, reason=awaiting_copy_reason(state))

@@ -90,7 +90,12 @@ class Naming:
 
     @property
     def copy_job(self) -> str:
+        """The job that copies a rewritten table again, for the shared merge sensor."""
         return self.name("cdc_copy_held")
+
+    def table_copy_job(self, table: TableConfig) -> str:
+        """The same job, for ``table``'s own merge sensor."""
+        return f"{self.copy_job}{SEPARATOR}{table_slug(table)}"
 
     @property
     def recover_job(self) -> str:

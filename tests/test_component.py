@@ -56,8 +56,8 @@ def test_the_default_naming_gives_the_code_location_its_names(tmp_path: Path) ->
     assert found == {
         "assets": {"cdc/changelog", "cdc/snapshot", "cdc/rebuild", "cdc/verify", "cdc/consistent_point"}
         | {f"{kind}/{schema}/{table}" for kind in ("delta", "history", "maintenance") for schema, table in tables},
-        "jobs": {"cdc_drain", "cdc_consistent_point", "cdc_copy_held", "cdc_recover", "cdc_maintain"}
-        | {f"cdc_merge__{schema}__{table}" for schema, table in tables},
+        "jobs": {"cdc_drain", "cdc_consistent_point", "cdc_recover", "cdc_maintain"}
+        | {f"cdc_{kind}__{schema}__{table}" for kind in ("merge", "copy_held") for schema, table in tables},
         "sensors": {"cdc_drain_on_lag", "cdc_consistent_point"} | {f"cdc_merges__{s}__{t}" for s, t in tables},
         "schedules": {"cdc_drain_schedule", "cdc_maintain"},
         "resources": {"source", "spark"},

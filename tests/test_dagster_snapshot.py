@@ -79,7 +79,7 @@ def test_snapshot_backfill_repairs_a_table_while_the_others_merge(env: DagsterEn
 def test_a_migration_moves_the_mirror_and_a_rewrite_is_copied_by_the_sensor(env: DagsterEnv) -> None:
     """A rename and an ADD COLUMN … DEFAULT reach the mirror through the merge the sensor requests,
     recorded on its materialization (what changed, ``dagster/column_schema``); a rewrite holds the
-    table, and the sensor requests its copy (``cdc_copy_held``, once), after which its merge makes it
+    table, and the sensor requests its copy (``cdc_copy_held__<schema>__<table>``, once), after which its merge makes it
     equal to its source (docs/architecture.md, "Schema migrations")."""
     env.sync(10)
     env.transactions(
@@ -105,7 +105,7 @@ def test_a_migration_moves_the_mirror_and_a_rewrite_is_copied_by_the_sensor(env:
     env.run_schedule(tick_time(20))
     tick = env.evaluate_sensors()[NOTES]
     (copy,) = tick.run_requests
-    assert copy.job_name == COPY_JOB and copy.partition_key == NOTES, copy
+    assert copy.job_name == f"{COPY_JOB}__public__notes" and copy.partition_key == NOTES, copy  # the table's own
     assert "ALTER TABLE rewrote it (column type)" in copy.tags["cdc/copy_reason"], copy.tags
     env.execute_request(tick, copy)
     (again,) = env.evaluate_sensors()[NOTES].run_requests  # until the drain passes the copy: the same run key,

@@ -315,6 +315,13 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
         print(f"\nwrote {path}")
 
 
+def report_result(folder: str, name: str, result: dict[str, Any]) -> None:
+    """``result`` with the machine and the code, written to ``folder/name`` and printed."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    write_json(str(Path(folder) / name), {"machine": machine(), "code": code_version(), "result": result})
+    print(json.dumps(result, indent=2))
+
+
 def started(command: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
     """``command`` in a process group of its own, its output into ``log``."""
     with log.open("wb") as out:

@@ -316,10 +316,7 @@ def main() -> int:
     parser.add_argument("--merges", choices=("sensors", "drain"), default="sensors")
     parser.add_argument("--out", default="many-tables-out")
     args = parser.parse_args()
-    result = {"machine": common.machine(), "code": common.code_version(), "result": measure(args)}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    common.write_json(str(Path(args.out) / "many_tables.json"), result)
-    print(json.dumps(result["result"], indent=2))
+    common.report_result(args.out, "many_tables.json", measure(args))
     return 0
 
 

@@ -174,10 +174,7 @@ def main() -> int:
     parser.add_argument("--shapes", default="per_table,shared")
     parser.add_argument("--out", default="merge-sensors-out")
     args = parser.parse_args()
-    result = {"machine": common.machine(), "code": common.code_version(), "result": measure(args)}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    common.write_json(str(Path(args.out) / "merge_sensors.json"), result)
-    print(json.dumps(result["result"], indent=2))
+    common.report_result(args.out, "merge_sensors.json", measure(args))
     return 0
 
 

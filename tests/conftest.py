@@ -10,6 +10,11 @@ A run started in the background of a script (``nohup``, ``cmd &``) inherits SIGI
 Dagster gives SIGTERM the handler SIGINT has, so the processes a run in this process starts
 (its compute-log tails) would ignore the SIGTERM that ends them, and each run would wait out
 Dagster's 30-second timeouts. Python's own SIGINT handler is put back first.
+
+The run is split between two worker processes (pytest-xdist, ``-n 2 --dist loadgroup`` in
+pyproject.toml): every test that uses the Spark session (``spark``, and the ``cdc-assets
+spark-server`` of ``connect_server``) runs on one of them, in the group ``spark``, so the run keeps
+one Spark session; the others go to whichever worker is free. ``-n 0`` runs everything in this process.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pytest
 from cdc_assets.apply.session import close_connect_sessions
 from cdc_assets.storage import StorageConfig
 from cdc_sandbox.s3server import ThrowawayS3Server
+from tests.support import spark_host
 from tests.support.bucket import Bucket
 from tests.support.database import ClusterPool, Database, create_database, drop_database
 from tests.support.spark_server import RunningServer, start_server
@@ -37,6 +43,15 @@ _bucket_numbers = itertools.count()
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+SPARK_FIXTURES = {"spark", "connect_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that use the run's Spark session go to one worker (the group ``spark``)."""
+    for item in items:
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")
@@ -117,7 +132,8 @@ def bucket(s3_server: ThrowawayS3Server) -> Bucket:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """One Spark session (local, with Delta) for the whole test run."""
+    """One Spark session (local, with Delta) for the whole test run, which serves Spark Connect to
+    the commands the tests run (``tests/support/spark_host.py``)."""
     from cdc_assets.apply.session import spark_session
     from cdc_assets.config import SparkConfig
 
@@ -129,7 +145,8 @@ def spark() -> Iterator[Any]:
                 "spark.ui.enabled": "false",
                 "spark.sql.shuffle.partitions": "4",
                 "spark.default.parallelism": "2",
-                "spark.driver.memory": "2g",
+                "spark.driver.memory": "3g",
+                **spark_host.SETTINGS,
             },
         ),
         app_name="cdc-assets-tests",

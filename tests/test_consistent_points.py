@@ -214,7 +214,8 @@ def test_every_point_balances_under_load_and_kills_while_the_latest_versions_do_
     published, read with Spark and with delta-rs, balances: the total, and every account against its
     ledger lines; the tables' latest versions, read without a point, do not at least once."""
     rng = random.Random(20261128)
-    mirror = Mirror(pg, tmp_path / "bank", {t: {} for t in BANK}, spark)
+    # own_spark: the command's kill takes its merges down with it (a Spark Connect server would finish them)
+    mirror = Mirror(pg, tmp_path / "bank", {t: {} for t in BANK}, spark, own_spark=True)
     mirror.sql(
         "CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL)",
         "CREATE TABLE ledger (id bigserial PRIMARY KEY, tx int NOT NULL, account int NOT NULL, amount bigint NOT NULL)",

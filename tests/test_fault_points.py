@@ -3,7 +3,8 @@ real command SIGKILLed just after each durable step of the drain, retention, the
 apply (creation, schema change, data commit, catalog registration, consistent point, history,
 rebuild), maintenance and ``recover``; the same command run again (then a drain and an apply,
 where it does not leave every mirror current); and every mirror compared with its source, value
-by value, with delta-rs after each step and with Spark too after the last.
+by value, with delta-rs after each step and with Spark too after the last (a session on the walk's
+Spark Connect server: the walk does not need the test run's own session).
 
 Each step first writes a few units of the differential workload (``tests/support/workload.py``:
 keyed, TOAST and REPLICA IDENTITY FULL tables, key changes, truncates, large transactions) and,
@@ -23,7 +24,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -38,7 +38,12 @@ from tests.support.mirror import ROOT, child_environ
 from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.pipeline import wait_until
 from tests.support.processes import cdc_sessions
-from tests.support.spark_server import RunningServer, start_server
+from tests.support.spark_server import (
+    RunningServer,
+    classic_mode_restored,  # noqa: F401 (the Connect session of the last step marks the process)
+    connect_session,
+    start_server,
+)
 from tests.support.workload import Workload, tables_section
 
 pytestmark = pytest.mark.slow
@@ -167,7 +172,7 @@ def walk(pg: Database, metastore: str, tmp_path: Path) -> Iterator[Walk]:
             server.stop()
 
 
-def test_every_fault_point_killed_and_run_again_leaves_every_mirror_equal_to_its_source(walk: Walk, spark: Any) -> None:
+def test_every_fault_point_killed_and_run_again_leaves_every_mirror_equal_to_its_source(walk: Walk) -> None:
     assert {step.point for step in STEPS} == set(POINTS), "a fault point the walk does not visit"
     walk.write_config(STEPS[0])
     walk.run("setup")
@@ -187,8 +192,15 @@ def test_every_fault_point_killed_and_run_again_leaves_every_mirror_equal_to_its
             walk.drain()
             walk.run("apply")
         last = number == len(STEPS)
-        with fast_spark(spark):  # delta-rs after each step; Spark too after the last
-            problems = report(compare_all(walk.config(), walk.pg.dsn, spark if last else None))
+        if last:  # delta-rs after each step; Spark too after the last
+            spark = connect_session(walk.server)
+            try:
+                with fast_spark(spark):
+                    problems = report(compare_all(walk.config(), walk.pg.dsn, spark))
+            finally:
+                spark.stop()
+        else:
+            problems = report(compare_all(walk.config(), walk.pg.dsn, None))
         assert not problems, f"step {number} ({' '.join(step.command)} killed at {step.point}):\n{problems}"
         print(
             f"step {number}: {' '.join(step.command)} killed at {step.point}, run again: every mirror exact"

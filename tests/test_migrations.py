@@ -21,7 +21,7 @@ from cdc_assets.pipeline.sync import sync
 from tests.support.database import Database
 from tests.support.mirror_diff import compare_all, fast_spark, report
 from tests.support.pipeline import Pipeline, wait_until
-from tests.support.spark_server import RunningServer
+from tests.support.spark_host import COMMANDS_SPARK
 
 TABLE = "public.t"
 WRITES = (
@@ -125,16 +125,14 @@ def test_a_ddl_inside_a_transaction_with_writes_before_and_after(
 
 
 @pytest.mark.slow
-def test_a_rewrite_is_copied_again_by_sync(
-    pg: Database, spark: Any, connect_server: RunningServer, tmp_path: Path
-) -> None:
+def test_a_rewrite_is_copied_again_by_sync(pg: Database, spark: Any, tmp_path: Path) -> None:
     """``ALTER TYPE … USING`` and a volatile default rewrite the table, whose rows the stream never
     carries: the drain holds the table, ``sync`` copies it again online (no person involved) and the
     mirror equals the source afterwards; ``status`` said why it was held."""
     pg.execute(
         "CREATE TABLE t (id int PRIMARY KEY, a int, b text); INSERT INTO t SELECT g, g, 'b' FROM generate_series(1, 200) g"
     )
-    pipe = Pipeline(pg, tmp_path, [TABLE], spark={"remote": connect_server.address})
+    pipe = Pipeline(pg, tmp_path, [TABLE], spark=COMMANDS_SPARK)
     pipe.setup()
     assert pipe.cli("sync").returncode == 0
     for i, ddl in enumerate(
@@ -157,7 +155,7 @@ def test_a_rewrite_is_copied_again_by_sync(
 
 @pytest.mark.slow
 def test_an_apply_killed_at_every_step_of_a_migration_loses_and_duplicates_nothing(
-    pg: Database, spark: Any, connect_server: RunningServer, tmp_path: Path
+    pg: Database, spark: Any, tmp_path: Path
 ) -> None:
     """The real ``apply`` SIGKILLed after each step of moving the mirror's columns (the attnums
     recorded, a column dropped, two swapped through a temporary name, one added and its default
@@ -167,7 +165,7 @@ def test_an_apply_killed_at_every_step_of_a_migration_loses_and_duplicates_nothi
         "CREATE TABLE t (id int PRIMARY KEY, a int, b text, c text, x text, y text);"
         " INSERT INTO t SELECT g, g, 'b' || g, 'c' || g, 'x' || g, 'y' || g FROM generate_series(1, 100) g"
     )
-    pipe = Pipeline(pg, tmp_path, [TABLE], spark={"remote": connect_server.address})
+    pipe = Pipeline(pg, tmp_path, [TABLE], spark=COMMANDS_SPARK)
     pipe.setup()
     assert pipe.cli("sync").returncode == 0
     pg.execute("INSERT INTO t (id, a) VALUES (1000, 1)")

@@ -54,9 +54,9 @@ from tests.support.crash import (
 )
 from tests.support.database import Database, create_database
 from tests.support.flaky_proxy import FlakyProxy
-from tests.support.mirror import CLI_SPARK
 from tests.support.mirror_diff import assert_delta_equals_source
 from tests.support.pipeline import wait_until
+from tests.support.spark_host import COMMANDS_SPARK, OWN_SPARK
 from tests.support.spark_server import start_server
 
 SLOT = "restart_slot"
@@ -64,8 +64,8 @@ WRITER_RATE = 30.0  # transactions per second
 COMMIT_SECONDS = 0.5  # drain.commit_seconds: many durable batches (and merges) between the crashes
 DRAIN_FOLLOW_S = 15.0  # the crash and restart take about 5 s of it here
 SYNC_FOLLOW_S = 75.0
+FOLLOW_UNTIL_STOPPED_S = 900.0  # a follow the test ends (SIGTERM) once every table is merged to the checkpoint
 STORAGE_OUTAGE_S = 20.0
-CONNECT_FOLLOW_S = 110.0  # two starts of the Spark Connect server, and merges on a cold server after the second
 RECONNECTING = "reconnecting in"
 CONNECT_LOST = "the Spark Connect server went away or was started again"
 
@@ -302,20 +302,19 @@ def _terminate_walsender(server: Database) -> None:
 
 @pytest.mark.slow
 def test_sync_follow_rides_out_a_terminated_walsender_and_two_crashes_of_its_server(
-    server: Database, tmp_path: Path
+    server: Database, spark: Any, tmp_path: Path
 ) -> None:
     """``cdc-assets sync --follow``: the drain follows and merges into Delta while a writer commits;
-    its walsender is terminated once, then the server crashes and starts again twice. The command goes on, exits 0 when its follow time
-    is up, and then the change log holds every transaction exactly once and every Delta table
-    equals its source at the checkpoint."""
-    path = _setup(server, tmp_path, spark=CLI_SPARK)
+    its walsender is terminated once, then the server crashes and starts again twice. The command goes
+    on and merges every table to the checkpoint; SIGTERM then ends it (exit 130), and the change log
+    holds every transaction exactly once and every Delta table equals its source at the checkpoint."""
+    path = _setup(server, tmp_path, spark=COMMANDS_SPARK)  # the test run's Spark: only PostgreSQL fails here
     # No non-transactional messages: the drain's retention deletes a batch that holds nothing else
     # once the tables are merged past it (it has no commit time to keep it for retention_hours).
     workload = LedgerWorkload(server.dsn, seed=12, large_share=0.02, plain_share=0.0)
     writer = WriterThread(workload, WRITER_RATE, restarts=True)
     writer.start()
-    sync = _Sync(path, server.dsn, SYNC_FOLLOW_S)
-    started = time.monotonic()
+    sync = _Sync(path, server.dsn, FOLLOW_UNTIL_STOPPED_S)
 
     try:
         wait_until(lambda: not sync.running() or sync.merged() > 0, 240, "a first merge")
@@ -341,14 +340,32 @@ def test_sync_follow_rides_out_a_terminated_walsender_and_two_crashes_of_its_ser
                 f" merging again in {time.monotonic() - resumed:.1f} s"
             )
         writer.stop()
-        _drained_past_now(path, server.dsn, sync, "the writer's last transaction")
-        code = sync.wait(timeout=SYNC_FOLLOW_S + 300 - (time.monotonic() - started))
+        code = _stopped_when_merged(path, server.dsn, sync)
     finally:
         writer.stopping.set()
         sync.kill()
-    assert code == 0, sync.output()
+    assert code == 130, sync.output()
     assert writer.outages >= 2
     _assert_exact(path, server, workload)
+
+
+def _merged_to_checkpoint(path: Path, dsn: str) -> bool:
+    """Whether every table's Delta table holds every change the change log holds for it."""
+    config = load_config(path, environ={**os.environ, DSN_VARIABLE: dsn})
+    checkpoint = ChangeLogReader(changelog_store(config)).require_checkpoint()
+    return all(checkpoint.tables[str(t.name)].held_by(table_applied_lsn(config, t)) for t in config.tables)
+
+
+def _stopped_when_merged(path: Path, dsn: str, sync: _Sync) -> int:
+    """Once the drain has the writer's last transaction and every table is merged to the
+    checkpoint, SIGTERM the following sync; its exit status."""
+    _drained_past_now(path, dsn, sync, "the writer's last transaction")
+    wait_until(
+        lambda: not sync.running() or _merged_to_checkpoint(path, dsn), 180, "every table merged to the checkpoint"
+    )
+    assert sync.running(), f"the sync ended before it was stopped:\n{sync.output()}"
+    sync.process.send_signal(signal.SIGTERM)
+    return sync.wait(timeout=120)
 
 
 def _assert_exact(path: Path, server: Database, workload: LedgerWorkload) -> None:
@@ -372,14 +389,14 @@ def test_sync_follow_rides_out_its_spark_connect_server_killed_mid_merge(server:
     """``cdc-assets sync --follow`` over a Spark Connect server while a writer commits: the server
     is SIGKILLed just as a merge starts, and started again on its port once the drain has made a
     batch durable without it; the merges wait (the client's retries), then find their session gone and merge again
-    on new sessions, fenced first; the command exits 0 and every mirror equals its source."""
+    on new sessions, fenced first; every table is merged to the checkpoint, SIGTERM ends the command
+    (exit 130) and every mirror equals its source."""
     connect = start_server(tmp_path / "connect")
     path = _setup(server, tmp_path, spark={"remote": connect.address})
     workload = LedgerWorkload(server.dsn, seed=13, large_share=0.02, plain_share=0.0)
     writer = WriterThread(workload, WRITER_RATE)
     writer.start()
-    sync = _Sync(path, server.dsn, CONNECT_FOLLOW_S)
-    started = time.monotonic()
+    sync = _Sync(path, server.dsn, FOLLOW_UNTIL_STOPPED_S)
 
     try:
         wait_until(lambda: not sync.running() or sync.merged() > 0, 240, "a first merge")
@@ -395,14 +412,13 @@ def test_sync_follow_rides_out_its_spark_connect_server_killed_mid_merge(server:
         print(f"merging again {time.monotonic() - back:.1f} s after the Spark Connect server listened again")
         assert sync.count(CONNECT_LOST) >= 1, sync.output()
         writer.stop()
-        _drained_past_now(path, server.dsn, sync, "the writer's last transaction")
-        code = sync.wait(timeout=CONNECT_FOLLOW_S + 300 - (time.monotonic() - started))
+        code = _stopped_when_merged(path, server.dsn, sync)
     finally:
         writer.stopping.set()
         sync.kill()
         if connect.process.poll() is None:
             connect.stop()
-    assert code == 0, sync.output()
+    assert code == 130, sync.output()
     _assert_exact(path, server, workload)
 
 
@@ -421,7 +437,7 @@ def test_sync_follow_over_object_storage_failing_for_a_while(
         path = _setup(
             server,
             tmp_path,
-            spark=CLI_SPARK,
+            spark=OWN_SPARK,
             changelog={"path": f"{bucket.uri}/changelog"},
             warehouse={"path": f"{bucket.uri}/warehouse"},
             storage=bucket.section() | {"endpoint": proxy.endpoint},

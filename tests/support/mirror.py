@@ -27,17 +27,9 @@ from tests.support.config_file import DSN_VARIABLE, FILE_NAME, write_config
 from tests.support.database import Database
 from tests.support.mirror_diff import delta_version, rust_table, spark_table
 from tests.support.rows import difference, source_rows, split_metadata, table_rows
+from tests.support.spark_host import COMMANDS_SPARK, OWN_SPARK
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI_SPARK = {
-    "master": "local[1]",
-    "conf": {
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.default.parallelism": "1",
-        "spark.driver.memory": "1g",
-    },
-}
 
 
 @dataclass
@@ -52,22 +44,32 @@ class Mirror:
     source: dict[str, Any] = field(default_factory=dict)  # ``source:`` settings beside the defaults
     warehouse: dict[str, Any] = field(default_factory=dict)  # ``warehouse:`` settings beside the path
     changelog: dict[str, Any] = field(default_factory=dict)  # ``changelog:`` settings beside the path
-    spark_settings: dict[str, Any] = field(default_factory=dict)  # ``spark:`` settings beside CLI_SPARK's
+    spark_settings: dict[str, Any] = field(default_factory=dict)  # ``spark:`` settings beside the base's
+    own_spark: bool = False  # the commands start a Spark of their own even beside the test run's
 
     def __post_init__(self) -> None:
         self.write_config()
 
     def write_config(self) -> None:
         """(Re)write the configuration file from the fields (``tables`` as they are now)."""
-        conf = CLI_SPARK["conf"] | self.spark_settings.get("conf", {})
+        base = self.commands_spark
+        conf = base["conf"] | self.spark_settings.get("conf", {})
         write_config(
             self.folder,
             self.tables,
             source=self.source,
             changelog=self.changelog,
             warehouse=self.warehouse,
-            spark=CLI_SPARK | self.spark_settings | {"conf": conf},
+            spark=base | self.spark_settings | {"conf": conf},
         )
+
+    @property
+    def commands_spark(self) -> dict[str, Any]:
+        """The base of the file's ``spark:`` section, which the commands run by :meth:`cli` use:
+        with the test run's session (``spark`` given), that session's Spark Connect endpoint
+        (``tests/support/spark_host.py``); without it, or with ``own_spark``, a local Spark of each
+        command's own."""
+        return OWN_SPARK if self.spark is None or self.own_spark else COMMANDS_SPARK
 
     @property
     def config_path(self) -> Path:

@@ -47,6 +47,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 SPARK_FIXTURES = {"spark", "connect_server"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that use the run's Spark session go to one worker (the group ``spark``)."""
     for item in items:

@@ -27,6 +27,8 @@ Pipelines to drive:
 * ``differential`` — one seed of the differential test (:func:`run_seed`, :class:`SeedResult`), and
   the seeds and size of its smaller variants (bucket, Spark Connect).
 * ``applied_marker`` — a table's applied LSN recorded without Spark.
+* ``spark_host`` — the test run's Spark session as the commands' Spark Connect server
+  (``COMMANDS_SPARK``), or a Spark of a command's own (``OWN_SPARK``).
 
 What is right — the oracles:
 

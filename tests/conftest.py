@@ -10,11 +10,6 @@ A run started in the background of a script (``nohup``, ``cmd &``) inherits SIGI
 Dagster gives SIGTERM the handler SIGINT has, so the processes a run in this process starts
 (its compute-log tails) would ignore the SIGTERM that ends them, and each run would wait out
 Dagster's 30-second timeouts. Python's own SIGINT handler is put back first.
-
-The run is split between two worker processes (pytest-xdist, ``-n 2 --dist loadgroup`` in
-pyproject.toml): every test that uses the Spark session (``spark``, and the ``cdc-assets
-spark-server`` of ``connect_server``) runs on one of them, in the group ``spark``, so the run keeps
-one Spark session; the others go to whichever worker is free. ``-n 0`` runs everything in this process.
 """
 
 from __future__ import annotations
@@ -43,16 +38,6 @@ _bucket_numbers = itertools.count()
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-SPARK_FIXTURES = {"spark", "connect_server"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the group markers
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that use the run's Spark session go to one worker (the group ``spark``)."""
-    for item in items:
-        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ import pytest
 from cdc_assets.apply.session import close_connect_sessions
 from cdc_assets.storage import StorageConfig
 from cdc_sandbox.s3server import ThrowawayS3Server
-from tests.support import spark_host
+from tests.support import class_archive, spark_host
 from tests.support.bucket import Bucket
 from tests.support.database import ClusterPool, Database, create_database, drop_database
 from tests.support.spark_server import RunningServer, start_server
@@ -38,6 +38,12 @@ _bucket_numbers = itertools.count()
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Spark's classes mapped from an archive in every JVM of the run (``tests/support/class_archive.py``);
+    a run that includes the slow tier builds it where it is missing."""
+    class_archive.use(build_missing="not slow" not in (config.getoption("markexpr") or ""))
 
 
 @pytest.fixture(scope="session")

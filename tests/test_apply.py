@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdc_assets.apply.column_types import ColumnTypeError
-from cdc_assets.apply.merge import _key_bounds, write_plan
+from cdc_assets.apply.merge import ApplyError, _key_bounds, write_plan
 from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
 from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
 from cdc_assets.apply.table_files import table_files
@@ -460,6 +460,28 @@ def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirr
     assert mirror.sync()["public.sm"].updated == 1
     assert table_files(target.path).deletion_vectors == 1
     mirror.check("public.sm")
+
+
+def test_a_multiset_table_missing_copies_the_log_deletes_fails_its_merge_and_commits_nothing(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """A REPLICA IDENTITY FULL table whose Delta table lost the copies of a row that the change log
+    then deletes: the apply fails with an error naming the table, and the Delta table is as it was
+    (the check is part of the MERGE, which fails before its commit)."""
+    mirror = mirror_of(
+        {"public.bag": {}},
+        "CREATE TABLE bag (id int, v text)",
+        "ALTER TABLE bag REPLICA IDENTITY FULL",
+        "INSERT INTO bag SELECT g % 5, 'v' FROM generate_series(1, 20) g",
+    )
+    mirror.setup()
+    mirror.apply()
+    path = mirror.path("public.bag")
+    mirror.spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 3").collect()  # the damage: not a change of the log
+    version, applied = mirror.version("public.bag"), mirror.applied("public.bag")
+    mirror.sql("DELETE FROM bag WHERE id = 3", "INSERT INTO bag VALUES (9, 'new')")
+    mirror.drain()
+    with pytest.raises(ApplyError, match=r"public\.bag: the change log deletes more copies of a row than the Delta"):
+        mirror.apply()
+    assert (mirror.version("public.bag"), mirror.applied("public.bag")) == (version, applied)
 
 
 @pytest.mark.slow

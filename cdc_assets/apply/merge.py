@@ -57,6 +57,10 @@ threshold). Delta's rewrite joins ``source LEFT OUTER JOIN target``, which can o
 target side: it shuffles both whatever the hint."""
 
 
+TOO_FEW_COPIES = "cdc-assets: a row of the change log has fewer copies in the Delta table than it deletes"
+"""The message a multiset MERGE fails with where the table holds fewer copies of a row than the log deletes."""
+
+
 class ApplyError(CdcError):
     """A plan cannot be applied to its Delta table (names the table and the reason)."""
 
@@ -286,11 +290,9 @@ def _merge_multiset(
         *[F.col(f"s.{_q(c)}").alias(c) for c in source.columns],
         (F.coalesce(F.col("e.count"), F.lit(0)) + F.col(f"s.{DeltaColumn.COPIES}")).alias(DeltaColumn.FINAL),
     )
-    if final.filter(F.col(DeltaColumn.FINAL) < 0).limit(1).count():
-        raise ApplyError(
-            f"{plan.relation.qualified_name}: the change log deletes more copies of a row than the Delta table holds;"
-            " the table is out of step with the log (rebuild it)"
-        )
+    # A row left with fewer than no copies fails the MERGE itself before it commits (no job of its
+    # own to look first): every row of ``final`` passes this filter on its way into the source.
+    final = final.filter(F.when(F.col(DeltaColumn.FINAL) < 0, F.raise_error(F.lit(TOO_FEW_COPIES))).otherwise(True))
     keep = F.col(DeltaColumn.FINAL) > 0
     deletes = final.select(*names, *[F.lit(None).alias(c) for c in columns if c not in names]).withColumn(
         DeltaColumn.KIND, F.lit(Op.DELETE)
@@ -312,7 +314,16 @@ def _merge_multiset(
             f" WHEN NOT MATCHED AND s.{DeltaColumn.KIND} = '{Op.INSERT}' THEN INSERT ({inserted}) VALUES ({values})"
         )
 
-    return _counts(target.commit(merge, merge_source, lsn, batch_rows=plan.rows.num_rows), "MERGE")
+    try:
+        commit = target.commit(merge, merge_source, lsn, batch_rows=plan.rows.num_rows)
+    except Exception as error:
+        if TOO_FEW_COPIES not in str(error):
+            raise
+        raise ApplyError(
+            f"{plan.relation.qualified_name}: the change log deletes more copies of a row than the Delta table holds;"
+            " the table is out of step with the log (rebuild it)"
+        ) from None
+    return _counts(commit, "MERGE")
 
 
 def _counts(row: dict[str, int], write: str) -> MergeCounts:

@@ -8,7 +8,7 @@ Delta commit takes ~8 s instead of ~12.5 here. ``SPARK_SUBMIT_OPTS`` hands the o
 ``spark-submit`` starts, in this process and in every process it starts.
 
 The archive is kept per Java, pyspark and Spark jar set in ``~/.cache/cdc-assets-tests``; a run of
-the whole suite builds it when missing (~25 s), the quick tier only uses one that exists. A JVM
+the whole suite builds it when missing (40–50 s), the quick tier only uses one that exists. A JVM
 whose class path does not start with the archive's (a driver class path in front) runs without
 it, as it would have anyway; the JVM's CDS messages are off.
 """

@@ -94,8 +94,14 @@ def _setup(db: Database, folder: Path, *, spark: dict[str, Any] | None = None, *
     return path
 
 
-def _checkpoint_lsn(path: Path, dsn: str) -> int:
-    checkpoint = ChangeLogReader(changelog_store(load_config(path, environ={DSN_VARIABLE: dsn}))).checkpoint()
+def _config(path: Path, dsn: str) -> Config:
+    """The test's configuration as its commands read it: this process's environment (a bucket's
+    keys) and the server's DSN."""
+    return load_config(path, environ={**os.environ, DSN_VARIABLE: dsn})
+
+
+def _checkpoint_lsn(config: Config) -> int:
+    checkpoint = ChangeLogReader(changelog_store(config)).checkpoint()
     assert checkpoint is not None
     return checkpoint.lsn
 
@@ -129,7 +135,7 @@ def _drained_past_now(path: Path, dsn: str, drain: Drain, what: str, timeout: fl
     position of then."""
     wait_until(lambda: not drain.running() or _streaming(dsn), timeout, f"the stream, for {what}")
     lsn = _flush_lsn(dsn)
-    wait_until(lambda: not drain.running() or _checkpoint_lsn(path, dsn) >= lsn, timeout, what)
+    wait_until(lambda: not drain.running() or _checkpoint_lsn(_config(path, dsn)) >= lsn, timeout, what)
     assert drain.running(), f"the drain ended while waiting for {what}:\n{drain.output()}"
 
 
@@ -174,7 +180,7 @@ def test_a_following_drain_rides_out_a_crash_of_its_server(
     follows: the drain ends normally, and the change log holds every committed transaction exactly
     once, in commit order (the full check of ``tests/test_drain_crash.py``)."""
     path = _setup(server, tmp_path)
-    config = load_config(path, environ={DSN_VARIABLE: server.dsn})
+    config = _config(path, server.dsn)
     caplog.set_level(logging.WARNING, logger="cdc_assets.pipeline.drain")
     workload = LedgerWorkload(server.dsn, seed=11, large_share=0.02)
     writer = WriterThread(workload, WRITER_RATE, restarts=True)
@@ -204,7 +210,7 @@ def test_a_following_drains_merges_wait_for_a_crashed_server(
     lock tries again with the drain's backoff, and merges once the server is back (the apply itself
     stubbed: no Spark; one worker, which uses the session it is given)."""
     path = _setup(server, tmp_path, spark={"parallel_merges": 1})
-    config = load_config(path, environ={DSN_VARIABLE: server.dsn})
+    config = _config(path, server.dsn)
     caplog.set_level(logging.WARNING, logger="cdc_assets.apply.follower")
     merged: list[str] = []
 
@@ -365,9 +371,9 @@ def _stopped_when_merged(path: Path, dsn: str, sync: _Sync) -> int:
     to the checkpoint, SIGTERM the following sync; its exit status — its own where it ended
     first (each caller says which it accepts)."""
     lsn = _flush_lsn(dsn)
-    config = load_config(path, environ={**os.environ, DSN_VARIABLE: dsn})
+    config = _config(path, dsn)
     wait_until(
-        lambda: not sync.running() or (_checkpoint_lsn(path, dsn) >= lsn and not _off_checkpoint(config)),
+        lambda: not sync.running() or (_checkpoint_lsn(config) >= lsn and not _off_checkpoint(config)),
         180,
         "the writer's last transaction drained and every table merged to the checkpoint",
     )
@@ -379,7 +385,7 @@ def _stopped_when_merged(path: Path, dsn: str, sync: _Sync) -> int:
 def _assert_exact(path: Path, server: Database, workload: LedgerWorkload) -> None:
     """The change log holds every transaction exactly once, each table's Delta table every change
     the log holds for it (nothing past the checkpoint), and each equals its source."""
-    config = load_config(path, environ={**os.environ, DSN_VARIABLE: server.dsn})
+    config = _config(path, server.dsn)
     verified = verify_log(changelog_store(config), server.dsn, SLOT, workload)
     assert verified.transactions == workload.count
     workload.close()

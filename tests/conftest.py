@@ -42,8 +42,20 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Spark's classes mapped from an archive in every JVM of the run (``tests/support/class_archive.py``);
-    a run that includes the slow tier builds it where it is missing."""
-    class_archive.use(build_missing="not slow" not in (config.getoption("markexpr") or ""))
+    a run that includes the slow tier builds it where it is missing. A worker of a parallel run
+    inherits what its controller set."""
+    if not hasattr(config, "workerinput"):
+        class_archive.use(build_missing="not slow" not in (config.getoption("markexpr") or ""))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each test's group from its mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The run's two workers (``-n 2 --dist loadgroup``): every test on the run's one Spark session
+    (``spark``) or its one Spark Connect server (``connect_server``) on the same worker; the other
+    tests a module at a time (its module fixtures set up once) on whichever worker is free."""
+    for item in items:
+        shared = {"spark", "connect_server"} & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("spark" if shared else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests a module at a time (its module fixtures set up once) on whichever worker is free."""
     for item in items:
         shared = {"spark", "connect_server"} & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("spark" if shared else item.nodeid.split("::")[0]))
+        item.add_marker(pytest.mark.xdist_group("spark" if shared else item.path.stem))
 
 
 @pytest.fixture(scope="session")

@@ -48,14 +48,39 @@ def pytest_configure(config: pytest.Config) -> None:
         class_archive.use(build_missing="not slow" not in (config.getoption("markexpr") or ""))
 
 
+# The longest groups off the run's Spark session, started first so that neither worker ends the run
+# alone on one of them (BENCHMARKS.md, "Test suite")
+LONGEST_GROUPS = (
+    "test_fault_points",
+    "test_drain_crash",
+    "test_world_faults",
+    "connect_server",
+    "test_demo",
+    "test_catalog",
+    "test_drain",
+    "test_cluster",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist names each test's group from its mark
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The run's two workers (``-n 2 --dist loadgroup``): every test on the run's one Spark session
-    (``spark``) or its one Spark Connect server (``connect_server``) on the same worker; the other
-    tests a module at a time (its module fixtures set up once) on whichever worker is free."""
+    """The run's two workers (``-n 2 --dist loadgroup``): the tests on the run's one Spark session
+    (``spark``) on one, in the order collected; the others a group at a time on the other — those
+    on the run's one Spark Connect server (``connect_server``) together, the rest a module at a
+    time (its module fixtures set up once) — the longest first."""
+    groups = {item: _group(item) for item in items}
+    order = {name: rank for rank, name in enumerate(("spark", *LONGEST_GROUPS))}
+    items.sort(key=lambda item: order.get(groups[item], len(order)))
     for item in items:
-        shared = {"spark", "connect_server"} & set(getattr(item, "fixturenames", ()))
-        item.add_marker(pytest.mark.xdist_group("spark" if shared else item.path.stem))
+        item.add_marker(pytest.mark.xdist_group(groups[item]))
+
+
+def _group(item: pytest.Item) -> str:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for shared in ("spark", "connect_server"):
+        if shared in fixtures:
+            return shared
+    return item.path.stem
 
 
 @pytest.fixture(scope="session")
@@ -135,12 +160,24 @@ def bucket(s3_server: ThrowawayS3Server) -> Bucket:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One Spark session (local, with Delta) for the whole test run, which serves Spark Connect to
-    the commands the tests run (``tests/support/spark_host.py``)."""
+    the commands the tests run (``tests/support/spark_host.py``). A second one in the same run (a
+    parallel run whose groups were not applied) fails instead of sharing the two cores."""
     from cdc_assets.apply.session import spark_session
     from cdc_assets.config import SparkConfig
 
+    run_folder = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):
+        run_folder = run_folder.parent  # a worker's folder is inside the run's
+    marker = run_folder / "spark-session"
+    try:
+        marker.open("x").close()
+    except FileExistsError:
+        pytest.fail(
+            f"a second Spark session in one test run ({marker} exists): the tests on the run's session"
+            " belong on one worker (the xdist group `spark`, tests/conftest.py)"
+        )
     session = spark_session(
         SparkConfig(
             storage=StorageConfig(),  # the s3a jars; a bucket's test points its own session at the server

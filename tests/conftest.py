@@ -25,7 +25,7 @@ import pytest
 from cdc_assets.apply.session import close_connect_sessions
 from cdc_assets.storage import StorageConfig
 from cdc_sandbox.s3server import ThrowawayS3Server
-from tests.support import class_archive, spark_host
+from tests.support import class_archive, jvm_options, spark_host
 from tests.support.bucket import Bucket
 from tests.support.database import ClusterPool, Database, create_database, drop_database
 from tests.support.spark_server import RunningServer, start_server
@@ -41,11 +41,12 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Spark's classes mapped from an archive in every JVM of the run (``tests/support/class_archive.py``);
-    a run that includes the slow tier builds it where it is missing. A worker of a parallel run
-    inherits what its controller set."""
+    """Every JVM of the run maps Spark's classes from an archive (``tests/support/class_archive.py``;
+    a run that includes the slow tier builds it where it is missing) and compiles fewer methods
+    (``tests/support/jvm_options.py``). A worker of a parallel run inherits what its controller set."""
     if not hasattr(config, "workerinput"):
         class_archive.use(build_missing="not slow" not in (config.getoption("markexpr") or ""))
+        jvm_options.add(jvm_options.FEWER_COMPILATIONS)
 
 
 # The longest groups off the run's Spark session, started first so that neither worker ends the run

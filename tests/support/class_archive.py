@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pyspark
 
-OPTIONS_VARIABLE = "SPARK_SUBMIT_OPTS"
+from tests.support import jvm_options
+
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 FOLDER = Path.home() / ".cache" / "cdc-assets-tests"
 
@@ -66,7 +67,7 @@ def build(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as folder:
         scratch = Path(folder) / "archive.jsa"
-        environ = dict(os.environ) | {OPTIONS_VARIABLE: f"-XX:ArchiveClassesAtExit={scratch} {QUIET}"}
+        environ = dict(os.environ) | {jvm_options.VARIABLE: f"-XX:ArchiveClassesAtExit={scratch} {QUIET}"}
         done = subprocess.run(
             [sys.executable, "-c", _TRAINING, str(Path(folder) / "table")],
             env=environ,
@@ -90,5 +91,4 @@ def use(*, build_missing: bool) -> None:
     if not path.is_file() and build_missing:
         build(path)
     if path.is_file():
-        options = f"-XX:SharedArchiveFile={path} {QUIET}"
-        os.environ[OPTIONS_VARIABLE] = f"{os.environ.get(OPTIONS_VARIABLE, '')} {options}".strip()
+        jvm_options.add(f"-XX:SharedArchiveFile={path} {QUIET}")

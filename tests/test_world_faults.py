@@ -135,7 +135,8 @@ def _drained_past_now(path: Path, dsn: str, drain: Drain, what: str, timeout: fl
     position of then."""
     wait_until(lambda: not drain.running() or _streaming(dsn), timeout, f"the stream, for {what}")
     lsn = _flush_lsn(dsn)
-    wait_until(lambda: not drain.running() or _checkpoint_lsn(_config(path, dsn)) >= lsn, timeout, what)
+    config = _config(path, dsn)
+    wait_until(lambda: not drain.running() or _checkpoint_lsn(config) >= lsn, timeout, what)
     assert drain.running(), f"the drain ended while waiting for {what}:\n{drain.output()}"
 
 

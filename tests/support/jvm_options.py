@@ -5,7 +5,7 @@ which every process the run starts inherits.
 ``FEWER_COMPILATIONS``: a test run's JVMs mostly run code a few times each (every statement's
 generated classes are new), so the JIT's default thresholds make it compile much that never
 pays back; on two cores that compilation takes CPU from the other worker. Five times the default
-thresholds: one whole run 27:52 against two at 35:03 and 35:33, its JVMs' CPU 1,948 s against 2,613
+thresholds: whole runs of 27:52 and 28:27 against 35:03 and 35:33, its JVMs' CPU 1,948 s against 2,613
 (BENCHMARKS.md, "Test suite").
 """
 

@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cdc_assets.apply.in_process import append_in_process, merge_in_process, writes_in_process
 from cdc_assets.apply.spark_literals import spark_literal
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget, backquote
@@ -93,9 +94,7 @@ def write_plan(
         applied = target.applied_lsn()
         if applied is not None and applied >= lsn:
             return MergeCounts()
-    spark = target.spark
     columns = _columns_schema(plan)
-    source = _source_frame(spark, plan)
     batch = plan.rows.num_rows
     table_columns = [f.name for f in columns] + [DeltaColumn.LSN, DeltaColumn.COMMIT_TIME]
     existed = target.exists()
@@ -105,6 +104,9 @@ def write_plan(
             target.evolve(change)
     elif not plan.truncate:  # the table is gone but the plan does not start from a copy
         target.create(columns, plan.relation)
+    if writes_in_process(target, plan, row_filter):
+        return _write_in_process(target, plan, table_columns, lsn)
+    source = _source_frame(target.spark, plan)
     if plan.mode == "keyed" and plan.has_unresolved:
         if plan.truncate or not existed:
             raise ApplyError(
@@ -134,6 +136,18 @@ def write_plan(
     if plan.mode == "multiset":
         return _merge_multiset(target, plan, source, table_columns, lsn, filtered)
     return _merge_keyed(target, plan, source, table_columns, lsn, filtered)
+
+
+def _write_in_process(target: DeltaTarget, plan: ChangePlan, columns: list[str], lsn: int) -> MergeCounts:
+    """The plan committed by delta-rs (:mod:`cdc_assets.apply.in_process`), written as Spark would
+    write it: an append where it only adds rows, else a MERGE (without its insert clause where
+    every upsert updates a row)."""
+    if plan.mode == "append" or plan.shape == "appends":
+        return MergeCounts(append_in_process(target, plan, columns, lsn), write="append")
+    inserts = plan.shape != "updates"
+    return _counts(
+        merge_in_process(target, plan, columns, lsn, inserts), "MERGE" if inserts else "MERGE (matched only)"
+    )
 
 
 def _columns_schema(plan: ChangePlan) -> pa.Schema:

@@ -108,6 +108,7 @@ def delta_target(config: Config, table: TableConfig, spark: SparkSession) -> Del
         table_properties=config.warehouse.table_properties,
         storage_options=config.delta_storage_options,
         small_table_bytes=round(config.warehouse.small_table_mb * 1e6),
+        small_writes_in_process=config.warehouse.small_table_writer == "delta-rs",
     )
 
 
@@ -162,6 +163,7 @@ class DeltaTarget:
         table_properties: dict[str, str] | None = None,
         storage_options: dict[str, str] | None = None,
         small_table_bytes: int = 0,
+        small_writes_in_process: bool = False,
     ) -> None:
         self.spark = spark
         self.path = path
@@ -169,6 +171,7 @@ class DeltaTarget:
         self.table_properties = {**DEFAULT_TABLE_PROPERTIES, **(table_properties or {})}
         self.storage_options = storage_options
         self.small_table_bytes = small_table_bytes
+        self.small_writes_in_process = small_writes_in_process
         self._snapshot: RustDeltaTable | None = None
         self._snapshot_read = False
         self.note: str | None = None
@@ -219,6 +222,11 @@ class DeltaTarget:
         metrics = table.history(1)[0].get("operationMetrics") or {}
         return table.version(), {name: int(value) for name, value in metrics.items()}
 
+    def is_small(self) -> bool:
+        """Whether the table exists and its data files add up to less than ``small_table_bytes``."""
+        table = self.snapshot() if self.small_table_bytes else None
+        return table is not None and data_bytes(table) < self.small_table_bytes
+
     def small_commit_settings(self, batch_rows: int, local_source: bool = False) -> dict[str, str]:
         """Spark settings for a commit of ``batch_rows`` rows: on a table whose data files add up to
         less than ``small_table_bytes``, a MERGE rewrites the files it changes (no deletion
@@ -226,8 +234,7 @@ class DeltaTarget:
         ``local_source`` (the batch's rows alone, not a read of the table) before it starts; a
         batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without generated code — each
         costs a tiny MERGE more than it saves (docs/architecture.md, "Small tables")."""
-        table = self.snapshot() if self.small_table_bytes else None
-        if table is None or data_bytes(table) >= self.small_table_bytes:
+        if not self.is_small():
             return {}
         settings = {MERGE_DELETION_VECTORS: "false", ADAPTIVE_EXECUTION: "false", SHUFFLE_PARTITIONS: "1"}
         if local_source:
@@ -414,8 +421,7 @@ class DeltaTarget:
         idempotency marker: the table's recorded version stays ``lsn``.
         """
         view = f"cdc_source_{uuid.uuid4().hex}"
-        metadata: dict[str, object] = {APPLIED_KEY: lsn} | ({NOTE_KEY: self.note} if self.note else {})
-        settings = {USER_METADATA: json.dumps(metadata), **self.small_commit_settings(batch_rows, local_source)}
+        settings = {USER_METADATA: self._user_metadata(lsn), **self.small_commit_settings(batch_rows, local_source)}
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
         conf = self.spark.conf
@@ -434,6 +440,30 @@ class DeltaTarget:
             self.spark.catalog.dropTempView(view)
         fault_point("apply-commit")
         return {name: int(value) for name, value in rows[0].asDict().items()} if rows else {}
+
+    def commit_in_process(
+        self, write: Callable[[RustDeltaTable, CommitProperties], dict[str, int]], lsn: int
+    ) -> dict[str, int]:
+        """Run ``write`` — a delta-rs write of this table, in this process — with the commit
+        properties that record ``lsn`` as the table's applied LSN (Delta's idempotency marker and
+        the user metadata of :meth:`commit`); returns what ``write`` returns (its counts)."""
+        properties = CommitProperties(
+            app_transactions=[Transaction(self.app, lsn)], custom_metadata={"userMetadata": self._user_metadata(lsn)}
+        )
+        try:
+            counts = write(self._table(), properties)
+        except OSError as error:
+            raise StorageError(
+                f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
+            ) from None
+        finally:
+            self._wrote()
+        fault_point("apply-commit")
+        return counts
+
+    def _user_metadata(self, lsn: int) -> str:
+        """A data commit's user metadata: the LSN it applies, and :attr:`note`."""
+        return json.dumps({APPLIED_KEY: lsn} | ({NOTE_KEY: self.note} if self.note else {}))
 
     def execute(self, statement: str) -> list[Row]:
         """Run a Delta SQL statement that may write this table (a commit's, or maintenance's:

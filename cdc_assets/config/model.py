@@ -19,6 +19,7 @@ from cdc_assets.storage import StorageConfig
 Streaming = Literal["off", "on", "parallel"]
 Truncate = Literal["apply", "ignore"]
 MergeSensors = Literal["auto", "per_table", "shared"]
+SmallTableWriter = Literal["delta-rs", "spark"]
 
 
 def setting(default: Any = MISSING, kind: str = "text", *, factory: Any = MISSING, **options: Any) -> Any:
@@ -181,7 +182,8 @@ class WarehouseConfig:
     (None: reached by path only). ``small_table_mb``: a MERGE into a table whose data files add up
     to less than this rewrites the files it changes instead of writing deletion vectors, and a
     small batch into it runs without generated code (0: never; docs/architecture.md, "Small
-    tables")."""
+    tables"). ``small_table_writer``: who commits a small table's plain batch — ``delta-rs`` in
+    the apply's own process (no Spark job), or ``spark`` (its MERGE with the settings above)."""
 
     path: str
     table_properties: dict[str, str] = field(default_factory=dict)
@@ -190,6 +192,7 @@ class WarehouseConfig:
     consistent_points: bool = setting(True, "flag")
     catalog: str | None = setting(None, "identifier")
     small_table_mb: float = setting(4.0, "number")
+    small_table_writer: SmallTableWriter = setting("delta-rs", "choice", choices=("delta-rs", "spark"))
 
 
 @dataclass(slots=True, frozen=True)

@@ -14,6 +14,7 @@ are never opened by a batch of recent ones)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.column_types import ColumnTypeError
 from cdc_assets.apply.merge import ApplyError, _key_bounds, write_plan
@@ -33,6 +35,7 @@ from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_
 from cdc_assets.apply.table_files import table_files
 from cdc_assets.apply.target import (
     ADAPTIVE_EXECUTION,
+    APPLIED_KEY,
     CODEGEN_FACTORY,
     MATERIALIZE_SOURCE,
     MERGE_DELETION_VECTORS,
@@ -432,14 +435,17 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
 
 @pytest.mark.slow
 def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirror_of) -> None:  # type: ignore[no-untyped-def]
-    """Below ``warehouse.small_table_mb`` a MERGE rewrites the file it changes instead of writing a
-    deletion vector, a small batch runs without generated code, and the session's settings are as
-    before afterwards; with the setting at 0 the same kind of MERGE writes a deletion vector."""
+    """Below ``warehouse.small_table_mb`` a Spark MERGE (``small_table_writer: spark``) rewrites the
+    file it changes instead of writing a deletion vector, a small batch runs without generated
+    code, and the session's settings are as before afterwards; with the setting at 0 the same kind
+    of MERGE writes a deletion vector."""
     mirror = mirror_of(
         {"public.sm": {}},
         "CREATE TABLE sm (id int PRIMARY KEY, v text)",
         "INSERT INTO sm SELECT g, 'v' || g FROM generate_series(1, 100) g",
     )
+    mirror.warehouse = {"small_table_writer": "spark"}
+    mirror.write_config()
     mirror.setup()
     mirror.apply()
     config = mirror.config()
@@ -451,6 +457,7 @@ def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirr
     partitions = mirror.spark.conf.get(SHUFFLE_PARTITIONS)
     mirror.sql("UPDATE sm SET v = 'changed' WHERE id = 7")
     assert mirror.sync()["public.sm"].updated == 1
+    assert committed_by(target.path) == "spark"
     assert table_files(target.path).deletion_vectors == 0
     assert mirror.spark.conf.get(CODEGEN_FACTORY) == "FALLBACK"  # Spark's default: the commit's own setting is gone
     assert mirror.spark.conf.get(SHUFFLE_PARTITIONS) == partitions  # the session's own setting is back
@@ -463,6 +470,68 @@ def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirr
     assert mirror.sync()["public.sm"].updated == 1
     assert table_files(target.path).deletion_vectors == 1
     mirror.check("public.sm")
+
+
+def committed_by(path: str) -> str:
+    """Which engine made the Delta table's latest commit: ``delta-rs`` or ``spark``."""
+    commit = RustDeltaTable(path).history(1)[0]
+    if str(commit.get("clientVersion", "")).startswith("delta-rs"):
+        return "delta-rs"
+    assert "Apache-Spark" in str(commit.get("engineInfo")), commit
+    return "spark"
+
+
+@pytest.mark.slow
+def test_a_small_tables_plain_batches_are_committed_by_delta_rs_in_the_apply_process(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """Below ``warehouse.small_table_mb`` a keyed batch with no TOAST value to fill and no row
+    filter is one delta-rs commit made by the apply itself (no Spark job), with the applied LSN,
+    the counts and the table a Spark MERGE gives — a ``NaN`` key (kept as null) matched null-safe;
+    a keyless table's rows appended so; a row-filtered table's batch still Spark's, and so is every
+    batch with ``small_table_writer: spark``."""
+    mirror = mirror_of(
+        {"public.nk": {}, "public.lg": {}, "public.fl": {"row_filter": "v <> 'hidden'"}},
+        "CREATE TABLE nk (id numeric PRIMARY KEY, v text)",
+        "INSERT INTO nk VALUES ('NaN', 'a'), (1.5, 'b'), (2, 'c')",
+        "CREATE TABLE lg (at int, note text)",
+        "CREATE TABLE fl (id int PRIMARY KEY, v text)",
+    )
+    mirror.setup()
+    mirror.apply()
+    path = mirror.path("public.nk")
+    jobs = mirror.spark.sparkContext.statusTracker()
+    mirror.sql(
+        "UPDATE nk SET v = 'changed' WHERE id = 'NaN'",
+        "UPDATE nk SET v = 'x' WHERE id = 1.5",
+        "INSERT INTO nk VALUES (3, 'd')",
+        "INSERT INTO lg VALUES (1, 'one'), (1, 'one')",
+        "INSERT INTO fl VALUES (1, 'shown'), (2, 'hidden')",
+    )
+    mirror.drain()
+    before = jobs.getJobIdsForGroup(None)
+    applied = {t: mirror.apply([t])[t] for t in ("public.nk", "public.lg")}
+    assert set(jobs.getJobIdsForGroup(None)) == set(before)  # no Spark job ran
+    assert (applied["public.nk"].inserted, applied["public.nk"].updated, applied["public.nk"].write) == (1, 2, "MERGE")
+    assert (applied["public.lg"].inserted, applied["public.lg"].write) == (2, "append")
+    assert committed_by(path) == committed_by(mirror.path("public.lg")) == "delta-rs"
+    assert applied["public.nk"].applied_lsn == mirror.checkpoint_lsn()
+    metadata = json.loads(RustDeltaTable(path).history(1)[0]["userMetadata"])  # as a Spark commit records it
+    assert metadata == {APPLIED_KEY: mirror.checkpoint_lsn()}
+    assert mirror.apply()["public.fl"].inserted == 1
+    assert committed_by(mirror.path("public.fl")) == "spark"
+    mirror.sql("DELETE FROM nk WHERE id = 'NaN'", "UPDATE nk SET v = 'y' WHERE id = 2")
+    applied["public.nk"] = mirror.sync()["public.nk"]
+    assert (applied["public.nk"].updated, applied["public.nk"].deleted) == (1, 1)
+    assert committed_by(path) == "delta-rs"
+    mirror.check("public.nk")
+    mirror.check("public.lg")
+    mirror.check("public.fl", where="v <> 'hidden'")
+
+    mirror.warehouse = {"small_table_writer": "spark"}
+    mirror.write_config()
+    mirror.sql("UPDATE nk SET v = 'spark' WHERE id = 3")
+    assert mirror.sync()["public.nk"].updated == 1
+    assert committed_by(path) == "spark"
+    mirror.check("public.nk")
 
 
 def test_a_multiset_table_missing_copies_the_log_deletes_fails_its_merge_and_commits_nothing(mirror_of) -> None:  # type: ignore[no-untyped-def]

@@ -193,6 +193,17 @@ def test_changelog_retention_mistakes_are_refused(value: str) -> None:
         parse(text, CDC_SOURCE_DSN="x")
 
 
+def test_small_table_writer_is_a_choice() -> None:
+    assert parse(EXAMPLE, CDC_SOURCE_DSN="x").warehouse.small_table_writer == "delta-rs"
+    spark = EXAMPLE.replace(
+        "  path: s3://bucket/warehouse/", "  path: s3://bucket/warehouse/\n  small_table_writer: spark"
+    )
+    assert parse(spark, CDC_SOURCE_DSN="x").warehouse.small_table_writer == "spark"
+    message = r"warehouse.small_table_writer: expected 'delta-rs' or 'spark', got 'rust'"
+    with pytest.raises(ConfigError, match=message):
+        parse(spark.replace("writer: spark", "writer: rust"), CDC_SOURCE_DSN="x")
+
+
 def test_merge_sensors_is_a_choice() -> None:
     assert parse(EXAMPLE, CDC_SOURCE_DSN="x").schedule.merge_sensors == "auto"
     shared = parse(EXAMPLE + "schedule: {merge_sensors: shared}\n", CDC_SOURCE_DSN="x")

@@ -29,7 +29,8 @@ the rows of the touched files with an inner join (a right outer join without del
 instead of an outer (full) one.
 
 Each is one Delta SQL statement run by :meth:`DeltaTarget.commit`, so the data and the applied
-LSN are one commit, and a replay after a crash is skipped by Delta.
+LSN are one commit, and a replay after a crash is skipped by Delta. A small table's plain batch is
+the same MERGE or append committed by delta-rs instead (:mod:`cdc_assets.apply.in_process`).
 """
 
 from __future__ import annotations

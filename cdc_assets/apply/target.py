@@ -7,7 +7,9 @@ and a commit replayed with the same version is skipped by Delta itself. It is re
 delta-rs (``transaction_version``), which needs no Spark — sensors use it too.
 
 Every data commit is one Delta SQL statement (``MERGE INTO``, ``INSERT INTO``, ``INSERT OVERWRITE``)
-over a temporary view of the change rows, run by :meth:`DeltaTarget.commit`; nothing here uses
+over a temporary view of the change rows, run by :meth:`DeltaTarget.commit` — or, for a small
+table's plain batch, one delta-rs commit made in this process (:meth:`DeltaTarget.commit_in_process`,
+:mod:`cdc_assets.apply.in_process`); nothing here uses
 Delta's Python ``DeltaTable`` builder, whose calls a Spark Connect server can only take with
 Delta's Connect plugin. The table's state (exists, applied LSN, version, the last commit's
 metrics) is read with delta-rs.

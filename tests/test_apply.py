@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +46,7 @@ from cdc_assets.apply.target import (
 )
 from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
+from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
 from cdc_assets.source.lock import TableWriteLock
@@ -525,6 +527,17 @@ def test_a_small_tables_plain_batches_are_committed_by_delta_rs_in_the_apply_pro
     mirror.check("public.nk")
     mirror.check("public.lg")
     mirror.check("public.fl", where="v <> 'hidden'")
+
+    # A file delta-rs cannot read: an error naming the table's path, no commit; then applied whole.
+    mirror.sql("UPDATE nk SET v = 'z' WHERE id = 1.5")
+    mirror.drain()
+    version = mirror.version("public.nk")
+    failure = rf"cannot write the Delta table at {re.escape(path)} with delta-rs: "
+    with damaged({f: f.read_bytes() for f in data_files(path)}), pytest.raises(CdcError, match=failure):
+        mirror.apply(["public.nk"])
+    assert mirror.version("public.nk") == version
+    assert mirror.apply(["public.nk"])["public.nk"].updated == 1
+    mirror.check("public.nk")
 
     mirror.warehouse = {"small_table_writer": "spark"}
     mirror.write_config()

@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction
 from deltalake import DeltaTable as RustDeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import types as T
 
@@ -47,7 +47,7 @@ from cdc_assets.apply.spark_literals import sql_string
 from cdc_assets.apply.spark_types import spark_type
 from cdc_assets.apply.table_files import data_bytes, data_files
 from cdc_assets.config import Config, TableConfig
-from cdc_assets.errors import StorageError
+from cdc_assets.errors import CdcError, StorageError
 from cdc_assets.faults import fault_point
 from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn
 from cdc_assets.pgoutput.schema import RelationSchema
@@ -458,6 +458,11 @@ class DeltaTarget:
             raise StorageError(
                 f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
             ) from None
+        except CommitFailedError:
+            raise  # another writer's commit won (is_delta_conflict)
+        except DeltaError as error:  # delta-rs's own (a failed read of a file among them): named, no traceback
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise CdcError(f"cannot write the Delta table at {self.path} with delta-rs: {message}") from None
         finally:
             self._wrote()
         fault_point("apply-commit")

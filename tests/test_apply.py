@@ -488,8 +488,9 @@ def test_a_small_tables_plain_batches_are_committed_by_delta_rs_in_the_apply_pro
     """Below ``warehouse.small_table_mb`` a keyed batch with no TOAST value to fill and no row
     filter is one delta-rs commit made by the apply itself (no Spark job), with the applied LSN,
     the counts and the table a Spark MERGE gives — a ``NaN`` key (kept as null) matched null-safe;
-    a keyless table's rows appended so; a row-filtered table's batch still Spark's, and so is every
-    batch with ``small_table_writer: spark``."""
+    a keyless table's rows appended so; a row-filtered table's batch still Spark's, as is one into a
+    table with a writer feature delta-rs is not trusted with, and every batch with
+    ``small_table_writer: spark``."""
     mirror = mirror_of(
         {"public.nk": {}, "public.lg": {}, "public.fl": {"row_filter": "v <> 'hidden'"}},
         "CREATE TABLE nk (id numeric PRIMARY KEY, v text)",
@@ -537,6 +538,13 @@ def test_a_small_tables_plain_batches_are_committed_by_delta_rs_in_the_apply_pro
         mirror.apply(["public.nk"])
     assert mirror.version("public.nk") == version
     assert mirror.apply(["public.nk"])["public.nk"].updated == 1
+    mirror.check("public.nk")
+
+    # A writer feature beyond those of the tables cdc-assets creates: Spark's to write.
+    mirror.spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableChangeDataFeed' = 'true')")
+    mirror.sql("UPDATE nk SET v = 'feed' WHERE id = 1.5")
+    assert mirror.sync()["public.nk"].updated == 1
+    assert committed_by(path) == "spark"
     mirror.check("public.nk")
 
     mirror.warehouse = {"small_table_writer": "spark"}

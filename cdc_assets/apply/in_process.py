@@ -24,11 +24,34 @@ from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.changelog.planner import ChangePlan
 from cdc_assets.pgoutput.records import DeltaColumn, PlanAction
 
+WRITER_FEATURES = frozenset({"appendOnly", "invariants", "columnMapping", "deletionVectors"})
+"""The Delta writer features of a table delta-rs commits to here: those of the tables cdc-assets
+creates by default. A table with any other (change data feed, row tracking, constraints, …, set
+through ``warehouse.table_properties`` or by hand) is Spark's to write."""
+
 
 def writes_in_process(target: DeltaTarget, plan: ChangePlan, row_filter: str | None) -> bool:
     """Whether ``plan`` is committed to ``target`` by delta-rs here (the module's conditions)."""
     plain = plan.mode == "append" or (plan.mode == "keyed" and not plan.has_unresolved)
-    return target.small_writes_in_process and plain and not plan.truncate and row_filter is None and target.is_small()
+    return (
+        target.small_writes_in_process
+        and plain
+        and not plan.truncate
+        and row_filter is None
+        and target.is_small()
+        and _writable(target)
+    )
+
+
+def _writable(target: DeltaTarget) -> bool:
+    """Whether the table's protocol asks of a writer no more than :data:`WRITER_FEATURES`."""
+    table = target.snapshot()
+    if table is None:
+        return False
+    protocol = table.protocol()
+    if protocol.writer_features is None:  # a protocol before table features: version 2 is appendOnly and invariants
+        return protocol.min_writer_version <= 2
+    return set(protocol.writer_features) <= WRITER_FEATURES
 
 
 def merge_in_process(

@@ -258,13 +258,7 @@ def test_every_point_balances_under_load_and_kills_while_the_latest_versions_do_
             elif round_ % 3 == 1:  # one table merged alone: its latest version runs ahead of the other's
                 mirror.apply([rng.choice(["public.accounts", "public.ledger"])])
             else:  # the command, SIGKILLed at a random moment of its merges or its point, or not
-                running = mirror.popen("apply", "--consistent")
-                try:
-                    running.wait(timeout=rng.uniform(8.0, 30.0))
-                except subprocess.TimeoutExpired:
-                    running.kill()
-                    kills += 1
-                running.communicate()
+                kills += _killed_in_its_merges(mirror.popen("apply", "--consistent"), rng)
             if all(delta_table_exists(mirror.path(t)) for t in ("public.accounts", "public.ledger")):
                 latest = {t: mirror.delta(t) for t in ("public.accounts", "public.ledger")}
                 unbalanced_latest += bool(_bank_problems(latest["public.accounts"], latest["public.ledger"]))
@@ -279,6 +273,37 @@ def test_every_point_balances_under_load_and_kills_while_the_latest_versions_do_
     assert final is not None and final.lsn == mirror.checkpoint_lsn()
     assert _contents_equal_source(spark, mirror, final)
     assert len(checked) >= 3 and unbalanced_latest >= 1  # the loop's end: a point the latest versions missed
+
+
+def _killed_in_its_merges(running: subprocess.Popen[str], rng: random.Random) -> bool:
+    """SIGKILL ``running`` (``apply --consistent``) at a random moment from the first table it
+    reports merged — during its other merges or its point — or let it end; whether it was killed.
+    (From its start, a kill would mostly land in Spark's start: a small table's merge takes a
+    fraction of a second.)"""
+    assert running.stdout is not None and running.stderr is not None
+    reported = threading.Event()
+
+    def read(stream: Any, says: bool) -> None:  # stdout's first line is the first table's; stderr only drained
+        for _ in stream:
+            if says:
+                reported.set()
+        reported.set()
+
+    streams = ((running.stdout, True), (running.stderr, False))
+    readers = [threading.Thread(target=read, args=stream, daemon=True) for stream in streams]
+    for reader in readers:
+        reader.start()
+    assert reported.wait(300), "apply --consistent reported nothing in 300 s"
+    try:
+        running.wait(timeout=rng.uniform(0.0, 1.0))
+        killed = False
+    except subprocess.TimeoutExpired:
+        running.kill()
+        killed = True
+    running.wait()
+    for reader in readers:
+        reader.join()
+    return killed
 
 
 def _contents_equal_source(spark: Any, mirror: Mirror, point: ConsistentPoint) -> bool:

@@ -63,7 +63,8 @@ def merge_in_process(
     source = _table_rows(target, plan.rows, columns).append_column(
         DeltaColumn.ACTION, plan.rows.column(DeltaColumn.ACTION)
     )
-    condition = " AND ".join(f"t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)}" for k in plan.key)
+    # each comparison in parentheses: DataFusion's parser reads ``a IS NOT DISTINCT FROM b AND c`` as ``… FROM (b AND c)``
+    condition = " AND ".join(f"(t.{_q(k)} IS NOT DISTINCT FROM s.{_q(k)})" for k in plan.key)
     values = {_q(c): f"s.{_q(c)}" for c in columns}
 
     def merge(table: RustDeltaTable, properties: CommitProperties) -> dict[str, int]:

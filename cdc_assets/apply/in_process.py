@@ -22,6 +22,7 @@ from deltalake import DeltaTable as RustDeltaTable
 from cdc_assets.apply.spark_types import to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.changelog.planner import ChangePlan
+from cdc_assets.names import quote_identifier as _q  # DataFusion quotes names as PostgreSQL does
 from cdc_assets.pgoutput.records import DeltaColumn, PlanAction
 
 WRITER_FEATURES = frozenset({"appendOnly", "invariants", "columnMapping", "deletionVectors"})
@@ -109,8 +110,3 @@ def _table_rows(target: DeltaTarget, rows: pa.Table, columns: list[str]) -> pa.T
     schema = pa.schema(table.schema().to_arrow())
     delta = to_delta_arrow(rows.select(columns))
     return pa.table([delta.column(c).cast(schema.field(c).type) for c in columns], names=columns)
-
-
-def _q(name: str) -> str:
-    """A column name quoted for delta-rs's SQL (DataFusion's dialect)."""
-    return '"' + name.replace('"', '""') + '"'

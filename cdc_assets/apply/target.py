@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,24 +258,11 @@ class DeltaTarget:
         lsn = None if table is None else table.transaction_version(self.app)
         while table is not None and lsn is not None:
             try:
-                table.create_write_transaction(
-                    [],
-                    mode="append",
-                    schema=table.schema(),
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(self.app, lsn)], custom_metadata={"cdc_assets": "fence"}
-                    ),
-                )
+                self._commit_lsn_alone(table, lsn, "fence")
             except CommitFailedError:  # another commit won: fence what the table holds now
-                self._wrote()
                 table = self.snapshot()
                 lsn = None if table is None else table.transaction_version(self.app)
                 continue
-            except OSError as error:
-                raise StorageError(
-                    f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
-                ) from None
-            self._wrote()
             table = self._table()
             before = applied_lsn(self.path, self.app, self.storage_options, table.version() - 1)
             if before is None or before <= lsn:
@@ -285,23 +273,34 @@ class DeltaTarget:
         """Record ``lsn`` as the applied LSN in a commit without data: a range holding schema
         changes of the table and none of its rows (a commit another writer made since this target
         read the table fails it, as a data commit would)."""
-        table = self._table()
-        try:
+        self._commit_lsn_alone(self._table(), lsn, "schema change")
+        fault_point("apply-commit")
+
+    def _commit_lsn_alone(self, table: RustDeltaTable, lsn: int, why: str) -> None:
+        """A delta-rs commit of ``table`` without data that records ``lsn`` as its applied LSN
+        (``why`` in its metadata)."""
+        with self._writing_with_delta_rs():
             table.create_write_transaction(
                 [],
                 mode="append",
                 schema=table.schema(),
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app, lsn)], custom_metadata={"cdc_assets": "schema change"}
+                    app_transactions=[Transaction(self.app, lsn)], custom_metadata={"cdc_assets": why}
                 ),
             )
+
+    @contextmanager
+    def _writing_with_delta_rs(self) -> Iterator[None]:
+        """Around a delta-rs write of this table: a storage failure is a :class:`StorageError`
+        naming the table; the table is read again afterwards, whatever the outcome."""
+        try:
+            yield
         except OSError as error:
             raise StorageError(
                 f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
             ) from None
         finally:
             self._wrote()
-        fault_point("apply-commit")
 
     def _table(self) -> RustDeltaTable:
         table = self.snapshot()
@@ -453,18 +452,13 @@ class DeltaTarget:
             app_transactions=[Transaction(self.app, lsn)], custom_metadata={"userMetadata": self._user_metadata(lsn)}
         )
         try:
-            counts = write(self._table(), properties)
-        except OSError as error:
-            raise StorageError(
-                f"cannot write the Delta table at {self.path}: {describe_storage_error(error)}"
-            ) from None
+            with self._writing_with_delta_rs():
+                counts = write(self._table(), properties)
         except CommitFailedError:
             raise  # another writer's commit won (is_delta_conflict)
         except DeltaError as error:  # delta-rs's own (a failed read of a file among them): named, no traceback
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise CdcError(f"cannot write the Delta table at {self.path} with delta-rs: {message}") from None
-        finally:
-            self._wrote()
         fault_point("apply-commit")
         return counts
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from cdc_assets.config import SourceConfig
 from cdc_assets.errors import ConfigError
 from cdc_assets.lsn import format_lsn
+from cdc_assets.names import quote_identifier
 
 
 def max_proto_version(major: int) -> int:
@@ -40,11 +41,7 @@ def pgoutput_options(config: SourceConfig, major: int, *, two_phase: bool) -> li
 def start_replication_command(slot: str, start_lsn: int, options: list[tuple[str, str]]) -> str:
     """``START_REPLICATION SLOT "slot" LOGICAL X/X (name 'value', …)``."""
     quoted = ", ".join(f"{name} {_literal(value)}" for name, value in options)
-    return f"START_REPLICATION SLOT {_identifier(slot)} LOGICAL {format_lsn(start_lsn)} ({quoted})"
-
-
-def _identifier(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    return f"START_REPLICATION SLOT {quote_identifier(slot)} LOGICAL {format_lsn(start_lsn)} ({quoted})"
 
 
 def _literal(value: str) -> str:

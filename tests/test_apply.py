@@ -9,7 +9,7 @@ key changes and unchanged TOAST values that only the Delta table still has; TRUN
 ignored; duplicate rows under REPLICA IDENTITY FULL; USING INDEX; keyless tables; exactly-once
 (a second apply is skipped, a replayed plan is skipped by Delta); schema changes between and
 inside batches; every common column type; the CLI; the MERGE's key range (files of older keys
-are never opened by a batch of recent ones)."""
+are never opened by a batch of recent ones); a transaction committed at the copy's consistent point."""
 
 from __future__ import annotations
 
@@ -45,11 +45,13 @@ from cdc_assets.apply.target import (
     delta_target,
 )
 from cdc_assets.changelog.planner import plan_changes
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import SparkConfig
 from cdc_assets.errors import CdcError
 from cdc_assets.lsn import format_lsn
 from cdc_assets.pgoutput.types import FLOAT8, NUMERIC, TIMESTAMPTZ
 from cdc_assets.source.lock import TableWriteLock
+from tests.support.commit_at_point import setup_committing_at_point
 from tests.support.database import Database
 from tests.support.mirror import Mirror
 from tests.support.mirror_diff import holds_key, rust_rows
@@ -170,6 +172,29 @@ BIG = "g::text || (SELECT string_agg(md5(random()::text || g::text || h::text), 
 def unchanged_columns(mirror: Mirror, table: str, after: int) -> list[tuple[str, list[str] | None]]:
     """(op, unchanged TOAST columns) of the table's change records after ``after``."""
     return [(r["_cdc_op"], r["_cdc_unchanged"]) for r in mirror.records(table) if r["_cdc_end_lsn"] > after]
+
+
+def test_a_transaction_committed_at_the_consistent_point_reaches_the_mirror(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """The copy's apply records the consistent point ``C`` as the applied LSN; a transaction that
+    commits at ``C`` (its commit the WAL record right after the one that made the slot consistent)
+    is not in the copy and ends after ``C``, so the next apply brings it."""
+    mirror = mirror_of(
+        {"public.acct": {}},
+        "CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL) WITH (autovacuum_enabled = false)",
+        "INSERT INTO acct SELECT g, g FROM generate_series(1, 50) g",
+    )
+    committed = setup_committing_at_point(
+        mirror.db, mirror.setup, ["INSERT INTO acct VALUES (5000, 0)", "UPDATE acct SET v = -1 WHERE id = 3"]
+    )
+    point = committed.setup.snapshot_lsn
+    mirror.apply()
+    assert mirror.applied("public.acct") == point
+    mirror.drain()
+    logged = ChangeLogReader(mirror.config().changelog.path)
+    assert committed.commit_lsn(logged) == point, "another WAL record came first"
+    mirror.apply()
+    rows = mirror.check("public.acct")
+    assert {"id": 5000, "v": 0} in rows and {"id": 3, "v": -1} in rows
 
 
 @pytest.mark.slow

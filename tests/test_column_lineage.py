@@ -1,13 +1,19 @@
 """The records carried through schema changes by attnum (docs/architecture.md, "Schema migrations"),
-pure: hand-made change records and capture messages, no server."""
+pure: hand-made change records and capture messages (and a compacted base in a folder), no server."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pyarrow as pa
 
 from cdc_assets.changelog.column_lineage import _array_element, carry_columns
+from cdc_assets.changelog.compacted_base import write_base
 from cdc_assets.changelog.planner import plan_changes
+from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.schema_changes import DdlColumn, SchemaChangeMessage, TableDdl, uncertain_column_change
+from cdc_assets.changelog.snapshot_runs import run_store
+from cdc_assets.changelog.store import LogStore
 from tests.support.records import INT4, KEY, TEXT, ChangeLog, relation
 
 NAMES = {1: "id", 2: "a", 3: "b"}
@@ -70,6 +76,35 @@ def test_a_change_inside_a_transaction_cuts_its_records_there() -> None:
         {"id": 1, "b": None},
         {"id": 2, "b": "new"},
     ]
+
+
+def test_a_change_committed_at_a_copys_lsn_comes_after_the_whole_copy(tmp_path: Path) -> None:
+    """A compacted base is written at ``B``, the end LSN of the last change it folds, where the
+    next transaction's commit record may start: that transaction commits at the base's commit LSN.
+    Its ``DROP COLUMN b, ADD COLUMN b text`` cuts its own records, after the whole base: the row it
+    inserted before the change reads the new b as NULL."""
+    columns = relation("t", ("id", INT4, KEY), ("a", INT4), ("b", TEXT))
+    folded = ChangeLog(columns)
+    for key in range(1, 5):
+        folded.insert({"id": key, "a": key, "b": "old"})
+    store = LogStore(str(tmp_path))
+    base = write_base(store, "s", "public.t", [folded.chunk()], columns, folded.last_lsn, 0, "apply")
+    (copy,) = ChangeLogReader(run_store(store, "public.t", base)).read_changes("public.t")
+    at_base = ChangeLog(columns, start=folded.last_lsn)
+    with at_base.transaction():
+        at_base.insert({"id": 100, "a": 100, "b": "before"})
+        ddl = _ddl(at_base, _column(1, "id", INT4), _column(2, "a", INT4), _column(4, "b", TEXT))
+        at_base.update({"id": 1, "a": 1, "b": "after"})
+    assert copy.copy and ddl.commit_lsn == folded.last_lsn
+    lineage = carry_columns(NAMES, [copy, at_base.chunk()], [ddl], columns)
+    plan = plan_changes(lineage.chunks, lineage.relation)
+    assert {r["id"]: r["b"] for r in plan.rows.select(["id", "b"]).to_pylist()} == {
+        1: "after",
+        2: None,
+        3: None,
+        4: None,
+        100: None,
+    }
 
 
 def test_what_cannot_be_carried_is_a_reason_to_copy() -> None:

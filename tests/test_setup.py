@@ -1,5 +1,6 @@
-"""`cdc-assets setup` against real PostgreSQL: the initial snapshot (also under concurrent writes),
-rerunning, resuming a killed setup, refusals, and `status --json` (Python API and command line)."""
+"""`cdc-assets setup` against real PostgreSQL: the initial snapshot (also under concurrent writes, and
+with a transaction committed at its consistent point), rerunning, resuming a killed setup,
+refusals, and `status --json` (Python API and command line)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from cdc_assets.errors import (
     TableMissingError,
 )
 from cdc_assets.lsn import format_lsn
+from tests.support.commit_at_point import setup_committing_at_point
 from tests.support.database import Database
 from tests.support.pipeline import Pipeline, wait_until
 
@@ -120,6 +122,33 @@ def test_snapshot_under_concurrent_writes(pg: Database, tmp_path: Path) -> None:
     )
     assert snapshot_rows == result.rows["public.acct"] >= 400
     assert len(replica["public.acct"]) == pg.execute("SELECT count(*) FROM acct")[0][0]
+
+
+def test_a_transaction_committed_at_the_consistent_point_follows_the_copy(pg: Database, tmp_path: Path) -> None:
+    """A transaction whose commit is the WAL record right after the one that made the slot
+    consistent commits at the consistent point — the copy's commit LSN — and is not in the copy:
+    the log orders the copy's records before its changes, none at the same (commit LSN, position),
+    and replays to the source."""
+    pg.execute(
+        "CREATE TABLE acct (id int PRIMARY KEY, v int NOT NULL) WITH (autovacuum_enabled = false);"
+        " INSERT INTO acct SELECT g, g FROM generate_series(1, 400) g"
+    )
+    pipe = Pipeline(pg, tmp_path, ["public.acct"])
+    committed = setup_committing_at_point(
+        pg, pipe.setup, ["INSERT INTO acct VALUES (5000, 0)", "UPDATE acct SET v = -1 WHERE id = 3"]
+    )
+    pipe.drain()
+    assert committed.commit_lsn(pipe.reader) == committed.setup.snapshot_lsn, "another WAL record came first"
+    order = [
+        (lsn, position)
+        for chunk in pipe.reader.read_changes("public.acct")
+        for lsn, position in zip(
+            chunk.records.column("_cdc_commit_lsn").to_pylist(), chunk.records.column("_cdc_position").to_pylist()
+        )
+    ]
+    assert len(order) == 402 and order == sorted(set(order))
+    replica = pipe.assert_mirrors()
+    assert replica["public.acct"].keyed[(3,)]["v"] == -1 and (5000,) in replica["public.acct"].keyed
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from cdc_assets.changelog.store import LogStore
 from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.errors import CdcError
 from cdc_assets.pgoutput.arrow import SPECIAL_TYPE, TRUNCATE_TYPE, record_schema
-from cdc_assets.pgoutput.records import ChangeChunk, DeltaColumn, Op, PlanAction
+from cdc_assets.pgoutput.records import FIRST_COPY_POSITION, ChangeChunk, DeltaColumn, Op, PlanAction
 from cdc_assets.pgoutput.schema import RelationSchema
 from cdc_assets.transactions.commit_table import COMMIT_FIELDS
 
@@ -53,7 +53,7 @@ def write_base(
         pa.array(np.full(count, lsn, np.int64)),
         pa.array(np.zeros(count, np.int64)),
         pa.array(np.full(count, commit_time_us, np.int64)).cast(COMMIT_FIELDS[3].type),
-        pa.array(np.arange(count, dtype=np.int64)),
+        pa.array(np.arange(FIRST_COPY_POSITION, FIRST_COPY_POSITION + count, dtype=np.int64)),
         pa.array([Op.SNAPSHOT] * count, pa.string()),
         pa.nulls(count, pa.string()),
         pa.nulls(count, pa.list_(pa.string())),

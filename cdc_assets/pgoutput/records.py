@@ -79,6 +79,11 @@ class PlanAction:
 
 COMMIT_TIME_TYPE = pa.timestamp("us", tz="UTC")
 
+FIRST_COPY_POSITION: Final = -(1 << 62)
+"""Where a copy's records (the initial snapshot, an online run, a compacted base) number their
+positions from: below every change's (0 on), so a copy sorts before a transaction that commits at
+its consistent point, whose commit LSN is the copy's (docs/architecture.md, "A change record")."""
+
 
 @dataclass(slots=True)
 class ChangeChunk:

@@ -6,7 +6,8 @@ Every value arrives as pgoutput sends it, through its type's send or output func
 (``docs/architecture.md``, "The initial snapshot") with ``source.snapshot_workers`` connections
 (:mod:`cdc_assets.source.parallel_copy`). Each range of a table becomes a segment of its own in the
 copy's batch, written by the worker that read it (:class:`SegmentCopier`); its records are numbered
-from the range's number times :data:`RANGE_POSITIONS`, so positions are unique within the table.
+from :data:`~cdc_assets.pgoutput.records.FIRST_COPY_POSITION` plus the range's number times
+:data:`RANGE_POSITIONS`, so positions are unique within the table and below every change's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from cdc_assets.changelog.store import LogStore
 from cdc_assets.changelog.writer import BatchWriter
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder
+from cdc_assets.pgoutput.records import FIRST_COPY_POSITION
 from cdc_assets.pgoutput.types import TypeCatalog
 from cdc_assets.source import load_type_catalog
 from cdc_assets.source.copy_plan import CopyTask
@@ -78,7 +80,7 @@ class SegmentCopier:
             COPY_PARQUET_OPTIONS,
         )
         try:
-            position = task.number * RANGE_POSITIONS
+            position = FIRST_COPY_POSITION + task.number * RANGE_POSITIONS
             for columns in blocks:
                 count = len(columns[0]) if columns else 0
                 records = builder.snapshot(columns, np.arange(position, position + count, dtype=np.int64), binary)

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder, record_schema
-from cdc_assets.pgoutput.records import ChangeChunk, RecordColumn
+from cdc_assets.pgoutput.records import FIRST_COPY_POSITION, ChangeChunk, RecordColumn
 from cdc_assets.pgoutput.schema import ColumnSchema, RelationSchema
 from cdc_assets.transactions import COMMIT_FIELDS
 
@@ -138,6 +138,7 @@ class ChangeLog:
         """Snapshot rows: one "transaction" at the slot's consistent point, xid 0."""
         tx = self._begin()
         tx[RecordColumn.XID] = 0
+        tx["position"] = FIRST_COPY_POSITION
         self._open = tx
         try:
             for row in rows:

@@ -226,7 +226,7 @@ def build_base(
     target = DeltaTarget(spark, str(path), app_id(SLOT, TABLE), table_properties=properties)
     schema = delta_schema(table_columns())
     started = time.perf_counter()
-    target.create(table_columns())
+    target.create(table_columns(), KEYED)
     parts = max(1, -(-m // rows_per_file))
     rows = spark.range(1, m + 1, 1, parts).select(
         F.col("id"),

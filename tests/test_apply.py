@@ -30,7 +30,7 @@ import pytest
 from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.column_types import ColumnTypeError
-from cdc_assets.apply.merge import ApplyError, _key_bounds, write_plan
+from cdc_assets.apply.merge import ApplyError, MergeCounts, _key_bounds, write_plan
 from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
 from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
 from cdc_assets.apply.table_files import table_files
@@ -39,6 +39,7 @@ from cdc_assets.apply.target import (
     APPLIED_KEY,
     CODEGEN_FACTORY,
     MATERIALIZE_SOURCE,
+    DELETE_DELETION_VECTORS,
     MERGE_DELETION_VECTORS,
     SHUFFLE_PARTITIONS,
     SMALL_BATCH_ROWS,
@@ -461,9 +462,51 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
 
 
 @pytest.mark.slow
+def test_a_batch_of_upserts_replaces_the_rows_under_its_keys(mirror_of) -> None:  # type: ignore[no-untyped-def]
+    """A keyed batch of inserts and updates without a delete, on a table Spark writes with deletion
+    vectors, is one REPLACE ON (the old rows of its keys deleted, its rows appended) with the
+    applied LSN; replayed, Delta skips it; a batch that deletes is a MERGE again; a row-filtered
+    table keeps its MERGE (PostgreSQL's UPDATE transformation)."""
+    mirror = mirror_of(
+        {"public.up": {}, "public.upf": {"row_filter": "v <> 'hidden'"}},
+        "CREATE TABLE up (a int, b text, v text, PRIMARY KEY (a, b))",
+        "INSERT INTO up SELECT g, 'k' || g % 3, 'v' || g FROM generate_series(1, 60) g",
+        "CREATE TABLE upf (id int PRIMARY KEY, v text)",
+        "INSERT INTO upf SELECT g, 'v' || g FROM generate_series(1, 10) g",
+    )
+    mirror.warehouse = {"small_table_mb": 0}  # Spark's commits, deletion vectors
+    mirror.write_config()
+    mirror.setup()
+    mirror.apply()
+    mirror.sql(
+        "UPDATE up SET v = 'changed' WHERE a % 7 = 0",
+        "INSERT INTO up VALUES (61, 'k1', 'new'), (62, 'k2', NULL)",
+        "UPDATE up SET v = 'twice' WHERE a = 61",
+        "UPDATE upf SET v = 'hidden' WHERE id = 3",
+    )
+    mirror.drain()
+    target, plan, lsn = mirror.pending_plan("public.up")
+    before = mirror.version("public.up")
+    counts = write_plan(target, plan, lsn)
+    assert counts == MergeCounts(2, 8, 0, "REPLACE ON")
+    assert mirror.version("public.up") == before + 1 and target.applied_lsn() == lsn
+    assert committed_by(target.path) == "spark" and table_files(target.path).deletion_vectors >= 1
+    rows = mirror.check("public.up")
+    empty = mirror.spark.createDataFrame([], target.read().schema)
+    target.replace(empty, "t.a = s.a", lsn, batch_rows=0)  # Delta's own skip of a replay
+    assert mirror.version("public.up") == before + 1
+    assert not difference(mirror.check("public.up"), rows)
+    assert mirror.apply()["public.upf"].write == "MERGE"  # the update left the filter: a delete
+    mirror.check("public.upf", where="v <> 'hidden'")
+
+    mirror.sql("DELETE FROM up WHERE a = 1", "UPDATE up SET v = 'again' WHERE a = 2")
+    assert mirror.sync()["public.up"].write == "MERGE (matched only)"
+    mirror.check("public.up")
+
+
 def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirror_of) -> None:  # type: ignore[no-untyped-def]
-    """Below ``warehouse.small_table_mb`` a Spark MERGE (``small_table_writer: spark``) rewrites the
-    file it changes instead of writing a deletion vector, a small batch runs without generated
+    """Below ``warehouse.small_table_mb`` a Spark commit (``small_table_writer: spark``; an UPDATE is
+    a REPLACE ON) rewrites the file it changes instead of writing a deletion vector, a small batch runs without generated
     code, and the session's settings are as before afterwards; with the setting at 0 the same kind
     of MERGE writes a deletion vector."""
     mirror = mirror_of(
@@ -477,13 +520,19 @@ def test_a_small_table_is_merged_without_deletion_vectors_or_generated_code(mirr
     mirror.apply()
     config = mirror.config()
     target = delta_target(config, config.table("public.sm"), mirror.spark)
-    planned = {MERGE_DELETION_VECTORS: "false", ADAPTIVE_EXECUTION: "false", SHUFFLE_PARTITIONS: "1"}
+    planned = {
+        MERGE_DELETION_VECTORS: "false",
+        DELETE_DELETION_VECTORS: "false",
+        ADAPTIVE_EXECUTION: "false",
+        SHUFFLE_PARTITIONS: "1",
+    }
     assert target.small_commit_settings(5) == planned | {CODEGEN_FACTORY: "NO_CODEGEN"}
     assert target.small_commit_settings(SMALL_BATCH_ROWS) == planned
     assert target.small_commit_settings(SMALL_BATCH_ROWS, local_source=True) == planned | {MATERIALIZE_SOURCE: "none"}
     partitions = mirror.spark.conf.get(SHUFFLE_PARTITIONS)
     mirror.sql("UPDATE sm SET v = 'changed' WHERE id = 7")
-    assert mirror.sync()["public.sm"].updated == 1
+    applied = mirror.sync()["public.sm"]
+    assert (applied.inserted, applied.updated, applied.deleted, applied.write) == (0, 1, 0, "REPLACE ON")
     assert committed_by(target.path) == "spark"
     assert table_files(target.path).deletion_vectors == 0
     assert mirror.spark.conf.get(CODEGEN_FACTORY) == "FALLBACK"  # Spark's default: the commit's own setting is gone

@@ -128,7 +128,7 @@ def test_differential_over_spark_connect(pg: Database, connect_server: RunningSe
     assert not [p for r in results for p in r.problems], "\n\n".join(p for r in results for p in r.problems)
     assert all(r.rows_compared > 0 and r.changes > 0 for r in results), [(r.rows_compared, r.changes) for r in results]
     writes = {w for r in results for w, n in r.writes.items() if n}
-    assert {"create", "MERGE"} <= writes, writes
+    assert {"create", "MERGE", "REPLACE ON"} <= writes, writes
 
 
 def test_dagster_sensor_merge_runs_over_spark_connect(

@@ -70,7 +70,7 @@ class ApplyError(CdcError):
 @dataclass(slots=True)
 class MergeCounts:
     """What one commit did; ``write``: how (``create``, ``overwrite``, ``append``, ``MERGE``,
-    ``MERGE (matched only)``; empty where nothing was written — the table held the LSN already)."""
+    ``MERGE (matched only)``, ``REPLACE ON``; empty where nothing was written — the table held the LSN already)."""
 
     inserted: int = 0
     updated: int = 0
@@ -232,6 +232,9 @@ def _fill_unresolved(source: DataFrame, table: DataFrame, plan: ChangePlan, name
 def _merge_keyed(
     target: DeltaTarget, plan: ChangePlan, source: DataFrame, columns: list[str], lsn: int, filtered: bool
 ) -> MergeCounts:
+    condition = _key_condition(plan)
+    if not filtered and not plan.has_unresolved and not plan.counts.get("deletes"):
+        return _replace_keyed(target, plan, source.select(*[_q(c) for c in columns]), condition, lsn)
     if plan.rows.nbytes <= BROADCAST_SOURCE_BYTES:
         source = F.broadcast(source)
     update, names, values = _values(columns)
@@ -241,10 +244,6 @@ def _merge_keyed(
     # Not with a row filter: an UPDATE moving a row into the filter inserts it (PostgreSQL's
     # UPDATE transformation).
     inserts = plan.shape != "updates" or filtered
-    condition = _null_safe("t", "s", list(plan.key))
-    bounds = _key_bounds(plan)
-    if bounds is not None:
-        condition += f" AND {bounds}"
 
     def merge(view: str) -> str:
         return (
@@ -257,6 +256,27 @@ def _merge_keyed(
     write = "MERGE" if inserts else "MERGE (matched only)"
     local = not plan.has_unresolved  # the plan's rows alone, not joined to the table's
     return _counts(target.commit(merge, source, lsn, batch_rows=plan.rows.num_rows, local_source=local), write)
+
+
+def _replace_keyed(target: DeltaTarget, plan: ChangePlan, rows: DataFrame, condition: str, lsn: int) -> MergeCounts:
+    """A batch of upserts alone, as Delta's ``REPLACE ON`` the key: the rows under its keys
+    deleted and its rows appended, finding the rows once where a MERGE reads the table three
+    times (to find the files it touches, to join the changes to them, to mark the old rows)."""
+    before = target.version()
+    target.replace(rows, condition, lsn, batch_rows=plan.rows.num_rows)
+    version, metrics = target.last_commit()
+    if version == before:
+        return MergeCounts()
+    updated = metrics.get("numDeletedRows", 0)
+    return MergeCounts(plan.rows.num_rows - updated, updated, write="REPLACE ON")
+
+
+def _key_condition(plan: ChangePlan) -> str:
+    """The key, null-safe, of the table (``t``) and the plan's rows (``s``), and the plan's range of
+    its first column on the table's side."""
+    condition = _null_safe("t", "s", list(plan.key))
+    bounds = _key_bounds(plan)
+    return condition if bounds is None else f"{condition} AND {bounds}"
 
 
 def _key_bounds(plan: ChangePlan) -> str | None:

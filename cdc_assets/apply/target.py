@@ -35,6 +35,7 @@ from deltalake import CommitProperties, Transaction
 from deltalake import DeltaTable as RustDeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc_assets.apply.column_types import (
@@ -61,18 +62,22 @@ DEFAULT_TABLE_PROPERTIES = {
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-# A commit into a small table (docs/architecture.md, "Small tables"): the files a MERGE changes are
-# rewritten instead of marked in deletion vectors; its plan runs as planned, in one partition after
+# A commit into a small table (docs/architecture.md, "Small tables"): the files a MERGE or a REPLACE
+# ON changes are rewritten instead of marked in deletion vectors; its plan runs as planned, in one partition after
 # each shuffle (adaptive execution makes a Spark job of every shuffle stage — 4 of a tiny MERGE's 11
 # jobs — and without it the rewrite writes a file per shuffle partition); a source that is the batch's
 # own rows is not copied first (Delta materializes a MERGE's source lest a second read give other
 # rows: rows held in the driver cannot); a small batch's expressions are evaluated without
 # generating code.
 MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
+DELETE_DELETION_VECTORS = "spark.databricks.delta.delete.deletionVectors.persistent"
 ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 CODEGEN_FACTORY = "spark.sql.codegen.factoryMode"
+REPLACE_MATERIALIZE_SOURCE = "spark.databricks.delta.insertReplaceOnOrUsing.materializeSource"
+"""Whether a REPLACE ON copies its rows before it starts (lest its two reads of them differ): never
+for :meth:`DeltaTarget.replace`, whose rows are a batch's, held in the driver."""
 SMALL_BATCH_ROWS = 10_000
 APPLIED_KEY = "cdc_assets_applied_lsn"
 """The key of a data commit's user metadata (a JSON object) that holds the LSN it applied."""
@@ -232,14 +237,19 @@ class DeltaTarget:
 
     def small_commit_settings(self, batch_rows: int, local_source: bool = False) -> dict[str, str]:
         """Spark settings for a commit of ``batch_rows`` rows: on a table whose data files add up to
-        less than ``small_table_bytes``, a MERGE rewrites the files it changes (no deletion
+        less than ``small_table_bytes``, a MERGE or REPLACE ON rewrites the files it changes (no deletion
         vectors), runs without adaptive execution in one shuffle partition, and does not copy a
         ``local_source`` (the batch's rows alone, not a read of the table) before it starts; a
         batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without generated code — each
         costs a tiny MERGE more than it saves (docs/architecture.md, "Small tables")."""
         if not self.is_small():
             return {}
-        settings = {MERGE_DELETION_VECTORS: "false", ADAPTIVE_EXECUTION: "false", SHUFFLE_PARTITIONS: "1"}
+        settings = {
+            MERGE_DELETION_VECTORS: "false",
+            DELETE_DELETION_VECTORS: "false",
+            ADAPTIVE_EXECUTION: "false",
+            SHUFFLE_PARTITIONS: "1",
+        }
         if local_source:
             settings[MATERIALIZE_SOURCE] = "none"
         if batch_rows < SMALL_BATCH_ROWS:
@@ -422,25 +432,64 @@ class DeltaTarget:
         idempotency marker: the table's recorded version stays ``lsn``.
         """
         view = f"cdc_source_{uuid.uuid4().hex}"
-        settings = {USER_METADATA: self._user_metadata(lsn), **self.small_commit_settings(batch_rows, local_source)}
+        source.createTempView(view)
+        try:
+            with self._commit_settings(lsn, batch_rows, local_source, idempotent):
+                rows = self.execute(statement(view))
+        finally:
+            self.spark.catalog.dropTempView(view)
+        fault_point("apply-commit")
+        return {name: int(value) for name, value in rows[0].asDict().items()} if rows else {}
+
+    def replace(self, rows: DataFrame, condition: str, lsn: int, *, batch_rows: int) -> None:
+        """Delta's ``INSERT … REPLACE ON`` as one commit recording ``lsn`` (skipped as
+        :meth:`commit`'s): every row of the table (``t``) for which a row of ``rows`` (``s``)
+        satisfies ``condition`` is deleted — a deletion vector, one pass over the table — and
+        ``rows`` — a batch's, held in the driver: not copied first — cast to the table's types,
+        appended. (Spark's SQL form of the statement is not offered for Delta tables; this is the
+        DataFrame writer's.)"""
+        fields = {f.name: f.dataType for f in self.spark_schema().fields}
+        typed = rows.select(*[F.col(backquote(c)).cast(fields[c]).alias(c) if c in fields else c for c in rows.columns])
+        writer = typed.alias("s").write.format("delta").mode("overwrite")
+        writer = writer.option("targetAlias", "t").option("replaceOn", condition)
+        try:
+            with self._commit_settings(lsn, batch_rows, local_source=True, also={REPLACE_MATERIALIZE_SOURCE: "none"}):
+                writer.save(self.path)
+        finally:
+            self._wrote()
+        fault_point("apply-commit")
+
+    @contextmanager
+    def _commit_settings(
+        self,
+        lsn: int,
+        batch_rows: int,
+        local_source: bool,
+        idempotent: bool = True,
+        also: dict[str, str] | None = None,
+    ) -> Iterator[None]:
+        """The session's settings of a commit recording ``lsn`` (its user metadata, Delta's
+        idempotency marker, :meth:`small_commit_settings`, ``also``) around it, the session's own
+        put back after."""
+        settings = {
+            USER_METADATA: self._user_metadata(lsn),
+            **self.small_commit_settings(batch_rows, local_source),
+            **(also or {}),
+        }
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
         conf = self.spark.conf
         before = conf.getAll  # the session's own settings (16 shuffle partitions, the user's): put back after
-        source.createTempView(view)
         for key, value in settings.items():
             conf.set(key, value)
         try:
-            rows = self.execute(statement(view))
+            yield
         finally:
             for key in settings:
                 if key in before:
                     conf.set(key, before[key])
                 else:
                     conf.unset(key)
-            self.spark.catalog.dropTempView(view)
-        fault_point("apply-commit")
-        return {name: int(value) for name, value in rows[0].asDict().items()} if rows else {}
 
     def commit_in_process(
         self, write: Callable[[RustDeltaTable, CommitProperties], dict[str, int]], lsn: int

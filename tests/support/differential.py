@@ -97,6 +97,8 @@ def run_seed(
         environ |= bucket.environ()
     if remote is not None:
         sections["spark"] = {"remote": remote}
+    if seed % 2:  # every commit Spark's, with deletion vectors (REPLACE ON among them), none delta-rs's
+        sections["warehouse"] = sections.get("warehouse", {}) | {"small_table_mb": 0}
     try:
         workload.create()
         workload.populate()

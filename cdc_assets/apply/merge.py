@@ -26,10 +26,11 @@ Where the plan's :attr:`~cdc_assets.changelog.planner.ChangePlan.shape` allows, 
 only inserted is an append (no MERGE: no search for matching rows), and a keyed batch of updates
 without key changes (and no row filter) a MERGE without its insert clause, which Delta joins to
 the rows of the touched files with an inner join (a right outer join without deletion vectors)
-instead of an outer (full) one.
+instead of an outer (full) one. A keyed batch of upserts alone (no delete, no row filter, no TOAST
+value to fill) is Delta's REPLACE ON its key instead of a MERGE: one pass over the table.
 
-Each is one Delta SQL statement run by :meth:`DeltaTarget.commit`, so the data and the applied
-LSN are one commit, and a replay after a crash is skipped by Delta. A small table's plain batch is
+Each is one Delta statement run by :meth:`DeltaTarget.commit` (REPLACE ON: :meth:`DeltaTarget.replace`),
+so the data and the applied LSN are one commit, and a replay after a crash is skipped by Delta. A small table's plain batch is
 the same MERGE or append committed by delta-rs instead (:mod:`cdc_assets.apply.in_process`).
 """
 

@@ -175,7 +175,12 @@ def change_records(
 
 
 WARM_UP_CHANGES = 10_000
-MIXES = {"mixed": (0.8, 0.1), "inserts": (0.0, 0.0), "updates": (1.0, 0.0), "upserts": (0.9, 0.0)}  # (updates, deletes) shares
+MIXES = {
+    "mixed": (0.8, 0.1),
+    "inserts": (0.0, 0.0),
+    "updates": (1.0, 0.0),
+    "upserts": (0.9, 0.0),
+}  # (updates, deletes) shares
 
 
 def change_set(

@@ -464,8 +464,8 @@ def test_merge_of_recent_keys_never_opens_the_files_of_older_keys(mirror_of) -> 
 @pytest.mark.slow
 def test_a_batch_of_upserts_replaces_the_rows_under_its_keys(mirror_of) -> None:  # type: ignore[no-untyped-def]
     """A keyed batch of inserts and updates without a delete, on a table Spark writes with deletion
-    vectors, is one REPLACE ON (the old rows of its keys deleted, its rows appended) with the
-    applied LSN; replayed, Delta skips it; a batch that deletes is a MERGE again; a row-filtered
+    vectors, is one REPLACE ON (the old rows of its keys deleted, its rows appended as one file) with
+    the applied LSN; replayed, Delta skips it; a batch that deletes is a MERGE again; a row-filtered
     table keeps its MERGE (PostgreSQL's UPDATE transformation)."""
     mirror = mirror_of(
         {"public.up": {}, "public.upf": {"row_filter": "v <> 'hidden'"}},
@@ -486,11 +486,13 @@ def test_a_batch_of_upserts_replaces_the_rows_under_its_keys(mirror_of) -> None:
     )
     mirror.drain()
     target, plan, lsn = mirror.pending_plan("public.up")
-    before = mirror.version("public.up")
+    before, files = mirror.version("public.up"), table_files(target.path).files
     counts = write_plan(target, plan, lsn)
     assert counts == MergeCounts(2, 8, 0, "REPLACE ON")
     assert mirror.version("public.up") == before + 1 and target.applied_lsn() == lsn
-    assert committed_by(target.path) == "spark" and table_files(target.path).deletion_vectors >= 1
+    after = table_files(target.path)
+    assert committed_by(target.path) == "spark" and after.deletion_vectors >= 1
+    assert after.files == files + 1  # the batch's rows in one file (the marked files stay)
     rows = mirror.check("public.up")
     empty = mirror.spark.createDataFrame([], target.read().schema)
     target.replace(empty, "t.a = s.a", lsn, batch_rows=0)  # Delta's own skip of a replay

@@ -75,6 +75,10 @@ ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 CODEGEN_FACTORY = "spark.sql.codegen.factoryMode"
+ONE_FILE_ROWS = 100_000
+"""A REPLACE ON of fewer rows appends them as one file (not one per partition of the batch): a busy
+table takes a batch every few seconds, and each file is one more task in every later scan until
+maintenance compacts them."""
 REPLACE_MATERIALIZE_SOURCE = "spark.databricks.delta.insertReplaceOnOrUsing.materializeSource"
 """Whether a REPLACE ON copies its rows before it starts (lest its two reads of them differ): never
 for :meth:`DeltaTarget.replace`, whose rows are a batch's, held in the driver."""
@@ -446,10 +450,12 @@ class DeltaTarget:
         :meth:`commit`'s): every row of the table (``t``) for which a row of ``rows`` (``s``)
         satisfies ``condition`` is deleted — a deletion vector, one pass over the table — and
         ``rows`` — a batch's, held in the driver: not copied first — cast to the table's types,
-        appended. (Spark's SQL form of the statement is not offered for Delta tables; this is the
+        appended (as one file below :data:`ONE_FILE_ROWS`). (Spark's SQL form of the statement is not offered for Delta tables; this is the
         DataFrame writer's.)"""
         fields = {f.name: f.dataType for f in self.spark_schema().fields}
         typed = rows.select(*[F.col(backquote(c)).cast(fields[c]).alias(c) if c in fields else c for c in rows.columns])
+        if batch_rows < ONE_FILE_ROWS:
+            typed = typed.coalesce(1)
         writer = typed.alias("s").write.format("delta").mode("overwrite")
         writer = writer.option("targetAlias", "t").option("replaceOn", condition)
         try:

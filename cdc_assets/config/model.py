@@ -167,7 +167,7 @@ class MaintenanceConfig:
     zorder: bool = setting(False, "flag")
     purge_min_deletion_vectors: int = setting(8, "count")
     vacuum_retention_hours: int = setting(DELTA_MIN_RETENTION_HOURS, "vacuum_hours")
-    follow_compact_files: int = setting(64, "count")
+    follow_compact_files: int = setting(32, "count")
 
 
 @dataclass(slots=True, frozen=True)

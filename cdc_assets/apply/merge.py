@@ -29,9 +29,10 @@ the rows of the touched files with an inner join (a right outer join without del
 instead of an outer (full) one. A keyed batch of upserts alone (no delete, no row filter, no TOAST
 value to fill) is Delta's REPLACE ON its key instead of a MERGE: one pass over the table.
 
-Each is one Delta statement run by :meth:`DeltaTarget.commit` (REPLACE ON: :meth:`DeltaTarget.replace`),
-so the data and the applied LSN are one commit, and a replay after a crash is skipped by Delta. A small table's plain batch is
-the same MERGE or append committed by delta-rs instead (:mod:`cdc_assets.apply.in_process`).
+Each is one Delta statement run by :meth:`DeltaTarget.commit` (a REPLACE ON by
+:meth:`DeltaTarget.replace`), so the data and the applied LSN are one commit, and a replay after a
+crash is skipped by Delta. A small table's plain batch is the same MERGE or append committed by
+delta-rs instead (:mod:`cdc_assets.apply.in_process`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class ApplyError(CdcError):
 @dataclass(slots=True)
 class MergeCounts:
     """What one commit did; ``write``: how (``create``, ``overwrite``, ``append``, ``MERGE``,
-    ``MERGE (matched only)``, ``REPLACE ON``; empty where nothing was written — the table held the LSN already)."""
+    ``MERGE (matched only)``, ``REPLACE ON``; empty where nothing was written — the table held the
+    LSN already)."""
 
     inserted: int = 0
     updated: int = 0

@@ -63,8 +63,8 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 # A commit into a small table (docs/architecture.md, "Small tables"): the files a MERGE or a REPLACE
-# ON changes are rewritten instead of marked in deletion vectors; its plan runs as planned, in one partition after
-# each shuffle (adaptive execution makes a Spark job of every shuffle stage — 4 of a tiny MERGE's 11
+# ON changes are rewritten instead of marked in deletion vectors; its plan runs as planned, in one
+# partition after each shuffle (adaptive execution makes a Spark job of every shuffle stage — 4 of a tiny MERGE's 11
 # jobs — and without it the rewrite writes a file per shuffle partition); a source that is the batch's
 # own rows is not copied first (Delta materializes a MERGE's source lest a second read give other
 # rows: rows held in the driver cannot); a small batch's expressions are evaluated without
@@ -241,8 +241,8 @@ class DeltaTarget:
 
     def small_commit_settings(self, batch_rows: int, local_source: bool = False) -> dict[str, str]:
         """Spark settings for a commit of ``batch_rows`` rows: on a table whose data files add up to
-        less than ``small_table_bytes``, a MERGE or REPLACE ON rewrites the files it changes (no deletion
-        vectors), runs without adaptive execution in one shuffle partition, and does not copy a
+        less than ``small_table_bytes``, a MERGE or REPLACE ON rewrites the files it changes (no
+        deletion vectors), runs without adaptive execution in one shuffle partition, and does not copy a
         ``local_source`` (the batch's rows alone, not a read of the table) before it starts; a
         batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without generated code — each
         costs a tiny MERGE more than it saves (docs/architecture.md, "Small tables")."""
@@ -450,8 +450,8 @@ class DeltaTarget:
         :meth:`commit`'s): every row of the table (``t``) for which a row of ``rows`` (``s``)
         satisfies ``condition`` is deleted — a deletion vector, one pass over the table — and
         ``rows`` — a batch's, held in the driver: not copied first — cast to the table's types,
-        appended (as one file below :data:`ONE_FILE_ROWS`). (Spark's SQL form of the statement is not offered for Delta tables; this is the
-        DataFrame writer's.)"""
+        appended (as one file below :data:`ONE_FILE_ROWS`). Spark's SQL form of the statement is
+        not offered for Delta tables; this is the DataFrame writer's."""
         fields = {f.name: f.dataType for f in self.spark_schema().fields}
         typed = rows.select(*[F.col(backquote(c)).cast(fields[c]).alias(c) if c in fields else c for c in rows.columns])
         if batch_rows < ONE_FILE_ROWS:

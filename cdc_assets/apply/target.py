@@ -453,7 +453,7 @@ class DeltaTarget:
         appended (as one file below :data:`ONE_FILE_ROWS`). Spark's SQL form of the statement is
         not offered for Delta tables; this is the DataFrame writer's."""
         fields = {f.name: f.dataType for f in self.spark_schema().fields}
-        typed = rows.select(*[F.col(backquote(c)).cast(fields[c]).alias(c) if c in fields else c for c in rows.columns])
+        typed = rows.select(*[F.col(backquote(c)).cast(fields[c]).alias(c) for c in rows.columns])
         if batch_rows < ONE_FILE_ROWS:
             typed = typed.coalesce(1)
         writer = typed.alias("s").write.format("delta").mode("overwrite")

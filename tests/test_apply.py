@@ -466,7 +466,8 @@ def test_a_batch_of_upserts_replaces_the_rows_under_its_keys(mirror_of) -> None:
     """A keyed batch of inserts and updates without a delete, on a table Spark writes with deletion
     vectors, is one REPLACE ON (the old rows of its keys deleted, its rows appended as one file) with
     the applied LSN; replayed, Delta skips it; a batch that deletes is a MERGE again; a row-filtered
-    table keeps its MERGE (PostgreSQL's UPDATE transformation)."""
+    table keeps its MERGE (PostgreSQL's UPDATE transformation), and so does a table with Delta's
+    change data feed."""
     mirror = mirror_of(
         {"public.up": {}, "public.upf": {"row_filter": "v <> 'hidden'"}},
         "CREATE TABLE up (a int, b text, v text, PRIMARY KEY (a, b))",
@@ -502,6 +503,12 @@ def test_a_batch_of_upserts_replaces_the_rows_under_its_keys(mirror_of) -> None:
     mirror.check("public.upf", where="v <> 'hidden'")
 
     mirror.sql("DELETE FROM up WHERE a = 1", "UPDATE up SET v = 'again' WHERE a = 2")
+    assert mirror.sync()["public.up"].write == "MERGE (matched only)"
+    mirror.check("public.up")
+
+    # A table with Delta's change data feed keeps the MERGE: its feed shows updates as updates.
+    mirror.spark.sql(f"ALTER TABLE delta.`{target.path}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    mirror.sql("UPDATE up SET v = 'fed' WHERE a = 3")
     assert mirror.sync()["public.up"].write == "MERGE (matched only)"
     mirror.check("public.up")
 

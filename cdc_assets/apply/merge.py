@@ -27,7 +27,8 @@ only inserted is an append (no MERGE: no search for matching rows), and a keyed 
 without key changes (and no row filter) a MERGE without its insert clause, which Delta joins to
 the rows of the touched files with an inner join (a right outer join without deletion vectors)
 instead of an outer (full) one. A keyed batch of upserts alone (no delete, no row filter, no TOAST
-value to fill) is Delta's REPLACE ON its key instead of a MERGE: one pass over the table.
+value to fill, no change data feed) is Delta's REPLACE ON its key instead of a MERGE: one pass over
+the table.
 
 Each is one Delta statement run by :meth:`DeltaTarget.commit` (a REPLACE ON by
 :meth:`DeltaTarget.replace`), so the data and the applied LSN are one commit, and a replay after a
@@ -236,7 +237,8 @@ def _merge_keyed(
     target: DeltaTarget, plan: ChangePlan, source: DataFrame, columns: list[str], lsn: int, filtered: bool
 ) -> MergeCounts:
     condition = _key_condition(plan)
-    if not filtered and not plan.has_unresolved and not plan.counts.get("deletes"):
+    # Not where the table feeds its changes: its feed would show the updates as deletes and inserts.
+    if not filtered and not plan.has_unresolved and not plan.counts.get("deletes") and not target.feeds_changes():
         return _replace_keyed(target, plan, source.select(*[_q(c) for c in columns]), condition, lsn)
     if plan.rows.nbytes <= BROADCAST_SOURCE_BYTES:
         source = F.broadcast(source)

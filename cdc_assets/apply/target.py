@@ -75,6 +75,7 @@ ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
 SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
 MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
 CODEGEN_FACTORY = "spark.sql.codegen.factoryMode"
+CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 ONE_FILE_ROWS = 100_000
 """A REPLACE ON of fewer rows appends them as one file (not one per partition of the batch): a busy
 table takes a batch every few seconds, and each file is one more task in every later scan until
@@ -233,6 +234,11 @@ class DeltaTarget:
         table = self._table()
         metrics = table.history(1)[0].get("operationMetrics") or {}
         return table.version(), {name: int(value) for name, value in metrics.items()}
+
+    def feeds_changes(self) -> bool:
+        """Whether the table records Delta's change data feed (``delta.enableChangeDataFeed``)."""
+        table = self.snapshot()
+        return table is not None and table.metadata().configuration.get(CHANGE_DATA_FEED, "").lower() == "true"
 
     def is_small(self) -> bool:
         """Whether the table exists and its data files add up to less than ``small_table_bytes``."""

@@ -127,10 +127,14 @@ class Jobs:
         return sorted((job for job in self.settled() if job["jobId"] > last), key=lambda job: job["jobId"])
 
 
+def job_time(job: dict[str, Any], key: str) -> dt.datetime:
+    """One of a job's times in the UI (``2026-12-06T18:40:01.123GMT``), in UTC."""
+    return dt.datetime.strptime(job[key], "%Y-%m-%dT%H:%M:%S.%f%Z").replace(tzinfo=dt.UTC)
+
+
 def job_ms(job: dict[str, Any]) -> float:
-    """How long a job ran, submission to completion (the UI's times: ``2026-12-06T18:40:01.123GMT``)."""
-    times = [dt.datetime.strptime(job[k], "%Y-%m-%dT%H:%M:%S.%f%Z") for k in ("submissionTime", "completionTime")]
-    return (times[1] - times[0]).total_seconds() * 1000
+    """How long a job ran, submission to completion."""
+    return (job_time(job, "completionTime") - job_time(job, "submissionTime")).total_seconds() * 1000
 
 
 def job_name(job: dict[str, Any]) -> str:
@@ -139,7 +143,7 @@ def job_name(job: dict[str, Any]) -> str:
     return str(job.get("description") or job["name"]).replace("\n", " ")[:90]
 
 
-def job_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+def job_summary(jobs: list[dict[str, Any]], started: dt.datetime) -> dict[str, Any]:
     return {
         "jobs": len(jobs),
         "jobs_ms": sum(job_ms(job) for job in jobs),
@@ -147,6 +151,10 @@ def job_summary(jobs: list[dict[str, Any]]) -> dict[str, Any]:
         "skipped_stages": sum(job["numSkippedStages"] for job in jobs),
         "tasks": sum(job["numCompletedTasks"] for job in jobs),
         "names": [job_name(job) for job in jobs],
+        "timeline": [
+            [round((job_time(job, "submissionTime") - started).total_seconds() * 1000), round(job_ms(job))]
+            for job in jobs
+        ],
     }
 
 
@@ -158,13 +166,14 @@ def add_to_balances(conn: psycopg.Connection[Any], table: str, key: str, balance
 
 def timed(jobs: Jobs, run: Callable[[], object], profile: cProfile.Profile | None = None) -> dict[str, Any]:
     last = jobs.last_id()
+    at = dt.datetime.now(dt.UTC)
     started = time.perf_counter()
     if profile is None:
         run()
     else:
         profile.runcall(run)
     seconds = time.perf_counter() - started
-    return {"ms": seconds * 1000, **job_summary(jobs.since(last))}
+    return {"ms": seconds * 1000, **job_summary(jobs.since(last), at)}
 
 
 def main() -> int:
@@ -252,9 +261,9 @@ def main() -> int:
             )
         )
         for s in STATEMENTS:
-            print(f"\n{s}: the jobs of the last round")
-            for name in last[s]["names"]:
-                print(f"  - {name}")
+            print(f"\n{s}: the jobs of the last round (submitted ms after the statement began, ran ms)")
+            for name, (offset, ms) in zip(last[s]["names"], last[s]["timeline"], strict=True):
+                print(f"  - +{offset:>5} ms {ms:>5} ms  {name}")
         if profile is not None:
             print("\nthe small merges' Python time (cumulative):")
             pstats.Stats(profile).sort_stats("cumulative").print_stats(40)

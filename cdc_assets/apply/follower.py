@@ -6,9 +6,14 @@ The drain never waits for a merge. Up to ``spark.parallel_merges`` tables merge 
 worker on its own session (one worker uses the session it is given); a table is merged by one
 worker at a time, and a table that changes again while it merges is merged again after. The
 table whose oldest unmerged change came with the oldest durable batch is merged first (by name
-among the tables of one batch), so no table waits behind a busy one. Each
-merge reads the checkpoint when it starts, so it takes every batch durable by then: the tables
-queued behind a long merge are not held to the position of an older look. What a merge does is
+among the tables of one batch), so no table waits behind a busy one. Each merge reads the
+checkpoint when it starts, so it takes every batch durable by then: the tables queued behind a
+long merge are not held to the position of an older look. A worker about to take a table, or
+done with one, while the last look is older than :data:`CALL_AFTER_SECONDS`, first calls on the
+drain for a batch of what it has received
+(:class:`~cdc_assets.changelog.batch_demand.BatchDemand`) and waits for the look at it, at most
+``drain.commit_seconds``: a table merged back to back takes the changes that came during its last
+merge, not those of a batch up to ``commit_seconds`` old. What a merge does is
 exactly what ``cdc-assets apply`` does for the table, on its mirror opened for writing
 (:func:`~cdc_assets.apply.write_path.write_mirror`: the table's write lock on the source, which the
 table's maintenance takes too — no Dagster pool orders a follower's merges). While the source
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from queue import SimpleQueue
@@ -49,6 +55,7 @@ from cdc_assets.apply.session import (
 )
 from cdc_assets.apply.target import table_applied_lsn
 from cdc_assets.apply.write_path import Mirror, write_mirror
+from cdc_assets.changelog.batch_demand import BatchDemand
 from cdc_assets.changelog.checkpoint import TableState, read_checkpoint
 from cdc_assets.changelog.store import changelog_store
 from cdc_assets.config import Config
@@ -56,6 +63,10 @@ from cdc_assets.errors import CdcError
 from cdc_assets.source.reconnect import Backoff, connection_lost
 
 log = logging.getLogger(__name__)
+
+CALL_AFTER_SECONDS = 0.25
+"""How old the last look may be when a worker takes a table before it calls for a batch first:
+younger, the batch would bring little and cost a durable write (and its wait) per merge."""
 
 
 class MergeFollower:
@@ -72,8 +83,10 @@ class MergeFollower:
         on_applied: Callable[[TableApplied], None],
         on_point: Callable[[ConsistentPoint], None] | None = None,
         on_compacted: Callable[[Maintained], None] | None = None,
+        demand: BatchDemand | None = None,
     ) -> None:
         self._config = config
+        self._demand = demand
         self._spark = spark
         self._on_applied = on_applied
         self._on_point = on_point
@@ -83,6 +96,7 @@ class MergeFollower:
         self._changed = threading.Event()  # a batch is durable: look for tables to merge
         self._lock = threading.Condition()
         self._looks = 0  # the looks so far: a table's age is the look that found its oldest unmerged change
+        self._looked_at = 0.0  # when the last look read the checkpoint (monotonic)
         self._queue: dict[str, int] = {}  # tables due: the look that found each one due
         self._merging: dict[str, int] = {}  # tables being merged: the look they were due since
         self._again: dict[str, int] = {}  # changed while merging: due once that merge ends, since this look
@@ -123,6 +137,8 @@ class MergeFollower:
     def close(self, *, finish: bool = True) -> None:
         """Stop following: with ``finish``, merge what is due first; raises a merge's failure."""
         self._closing, self._finish = True, finish
+        if self._demand is not None:
+            self._demand.close()  # the drain has ended: no batch will answer a call
         self._changed.set()
         self._threads[0].join()  # the last look, when finishing
         with self._lock:
@@ -154,9 +170,11 @@ class MergeFollower:
                 self._changed.clear()
                 if self._closing and not self._finish:
                     return
+                looked_at = time.monotonic()
                 due = self._due()
                 with self._lock:
                     self._looks += 1
+                    self._looked_at = looked_at
                     for table in due:
                         if table in self._stopped:
                             continue
@@ -178,7 +196,12 @@ class MergeFollower:
             backoff = Backoff()
             with ExitStack() as held:
                 session = given = None
-                while (table := self._next()) is not None:
+                merged = False
+                while True:
+                    self._call_for_batch(merged)
+                    if (table := self._next()) is None:
+                        break
+                    merged = True
                     pause = None
                     try:
                         if session is None:
@@ -239,6 +262,22 @@ class MergeFollower:
             if given is not None and given is self._spark:
                 discard_connect_session(given)
         forget_fences()
+
+    def _call_for_batch(self, merged: bool) -> None:
+        """When the last look is older than :data:`CALL_AFTER_SECONDS` and tables are queued or
+        this worker has ``merged`` one, call on the drain for a batch and wait for a look after it
+        (each at most ``drain.commit_seconds``): the next merge takes the changes received
+        meanwhile, and a table they changed is due now rather than at the drain's next batch."""
+        wait = self._config.drain.commit_seconds
+        with self._lock:
+            stale = time.monotonic() - self._looked_at >= CALL_AFTER_SECONDS
+            if self._demand is None or not (self._queue or merged) or self._closing or not stale:
+                return
+        if self._demand.call(wait):
+            with self._lock:
+                looks = self._looks
+                self._changed.set()  # a look after the batch (the batch's own may be done already)
+                self._lock.wait_for(lambda: self._looks > looks or self._closing, wait)
 
     def _next(self) -> str | None:
         """The next table to merge, or None once closed with nothing left to do (or not finishing)."""

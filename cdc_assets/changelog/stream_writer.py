@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cdc_assets.changelog.batch_demand import BatchDemand
 from cdc_assets.changelog.checkpoint import Checkpoint, write_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
@@ -90,6 +91,7 @@ class StreamWriter:
         started: float,
         progress: Callable[[DrainProgress], None] | None,
         on_batch: Callable[[DurableBatch], None] | None,
+        demand: BatchDemand | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -100,13 +102,16 @@ class StreamWriter:
         self.started = started
         self.progress = progress
         self.on_batch = on_batch
+        self.demand = demand
         ChangeLogReader(store).remove_stale()  # what an interrupted drain left unfinished
         self.writer = BatchWriter(store, checkpoint)
         self.target = 0
 
     def follow(self, stream: SlotStream, target: int, upto: int | None, deadline: float | None) -> None:
         """One replication session: assemble what ``stream`` sends, and make it durable batch by
-        batch, until caught up with ``target`` (and ``deadline`` is past) or ``upto`` is reached."""
+        batch, until caught up with ``target`` (and ``deadline`` is past) or ``upto`` is reached. A
+        batch ends every ``drain.commit_seconds``, at ``source.batch_changes``, and at the first
+        transaction's end after a merge's call (:class:`BatchDemand`)."""
         self.target = target
         assembler = self.assembler
         assembler.start_session(self.writer, self.checkpoint.lsn)
@@ -118,12 +123,18 @@ class StreamWriter:
         fed = 0  # messages in the open batch
         backlog: MessageBlock | None = None  # the rest of a block split at a batch's end
         asked = last_batch = time.monotonic()
+        demand = self.demand
+        answered = calls = 0  # a merge's calls for a batch: answered so far, and made so far
         stream.ping()
         try:
             while True:
                 now = time.monotonic()
                 due = last_batch + commit_seconds
+                if demand is not None and (calls := demand.calls) > answered:
+                    due = now
                 wake = due if caught_up else min(due, asked + PING_SECONDS)
+                if deadline is not None:
+                    wake = min(wake, deadline)
                 frame = backlog or stream.next(timeout=max(0.0, wake - now))
                 backlog = None
                 if isinstance(frame, MessageBlock) and not reached:
@@ -146,6 +157,9 @@ class StreamWriter:
                 if assembler.between_transactions and (finished or now >= due or fed >= batch_changes):
                     with interrupts_deferred():  # an interrupt lands after the batch, not inside it
                         self._durable(stream, position if upto is None else min(position, upto))
+                    if demand is not None and calls > answered:
+                        demand.answer(calls)
+                        answered = calls
                     if finished:
                         break
                     stream.ping()  # a fresh position for the next batch

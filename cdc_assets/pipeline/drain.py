@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from cdc_assets.changelog.batch_demand import BatchDemand
 from cdc_assets.changelog.checkpoint import Checkpoint, read_checkpoint
 from cdc_assets.changelog.store import LogStore, changelog_store
 from cdc_assets.changelog.stream_writer import DrainProgress, DurableBatch, StreamWriter, Written
@@ -85,6 +86,7 @@ def drain(
     upto_lsn: int | None = None,
     follow_seconds: float | None = None,
     on_batch: Callable[[DurableBatch], None] | None = None,
+    demand: BatchDemand | None = None,
 ) -> DrainResult:
     """Drain the configured slot into the change log until it holds every transaction that ended
     by ``upto_lsn`` (default: the WAL position when the drain started); then, for
@@ -93,7 +95,7 @@ def drain(
     last durable batch, confirmed to the server, when no transaction is half received.
 
     ``wait``: wait for another drain of the slot instead of failing; ``on_batch`` is called after
-    each durable batch."""
+    each durable batch; ``demand``: a following drain's merges call for a batch through it."""
     source = config.source
     store = changelog_store(config)
     started = time.monotonic()
@@ -115,7 +117,7 @@ def drain(
             )
 
         result = DrainResult(checkpoint_lsn=checkpoint.lsn, start_lsn=checkpoint.lsn)
-        writer = StreamWriter(config, store, checkpoint, result, new_assembler, started, progress, on_batch)
+        writer = StreamWriter(config, store, checkpoint, result, new_assembler, started, progress, on_batch, demand)
         deadline = None if upto_lsn is not None or follow <= 0 else started + follow
         backoff, lost = Backoff(), False
         while True:

@@ -31,6 +31,7 @@ from cdc_assets.apply.consistent_points import ConsistentPoint, publish_point
 from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.apply.maintenance import maintain_tables
 from cdc_assets.apply.runner import TableApplied, apply_tables
+from cdc_assets.changelog.batch_demand import BatchDemand
 from cdc_assets.changelog.checkpoint import require_checkpoint
 from cdc_assets.changelog.retention import RetentionResult
 from cdc_assets.changelog.store import changelog_store
@@ -93,8 +94,10 @@ def sync(
     follow = config.drain.follow_seconds if follow_seconds is None else follow_seconds
     result = SyncResult()
 
-    def drained(durable: Callable[[DurableBatch], None] | None = on_batch) -> None:
-        result.drains.append(drain(config, wait=wait, progress=progress, follow_seconds=follow, on_batch=durable))
+    def drained(durable: Callable[[DurableBatch], None] | None = on_batch, demand: BatchDemand | None = None) -> None:
+        result.drains.append(
+            drain(config, wait=wait, progress=progress, follow_seconds=follow, on_batch=durable, demand=demand)
+        )
         report(result.drains[-1])
 
     session = None
@@ -120,14 +123,16 @@ def _drain_merging(
     config: Config,
     session: SparkSession,
     copy_held: bool,
-    drained: Callable[[Callable[[DurableBatch], None]], None],
+    drained: Callable[[Callable[[DurableBatch], None], BatchDemand], None],
     report: Callable[[Described], None],
     on_batch: Callable[[DurableBatch], None] | None,
 ) -> SparkSession:
     """A drain whose durable batches are merged as it goes (and the held tables copied, with
-    ``copy_held``); the session the merges ended on (a lost Connect session is replaced)."""
+    ``copy_held``), each merge calling for a batch first (:class:`BatchDemand`); the session the
+    merges ended on (a lost Connect session is replaced)."""
+    demand = BatchDemand()
     with ExitStack() as beside:
-        merges = beside.enter_context(MergeFollower(config, session, report, report, report))
+        merges = beside.enter_context(MergeFollower(config, session, report, report, report, demand))
         copies = beside.enter_context(HeldTableCopier(config, report)) if copy_held else None
 
         def durable(batch: DurableBatch) -> None:
@@ -137,7 +142,7 @@ def _drain_merging(
             if copies is not None:
                 copies.batch_durable()
 
-        drained(durable)
+        drained(durable, demand)
     return merges.spark
 
 

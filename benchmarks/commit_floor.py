@@ -26,7 +26,8 @@ Each round then times, on that session:
 Per statement: the wall time, and from the UI's REST API the Spark jobs it ran (their stages and
 tasks, completed and skipped, and each job's description — on a classic session Delta names its
 own, e.g. "Compute snapshot for version: 5"; under Connect each is described by the statement's
-plan). The first ``--warm-up`` rounds are not counted; the table printed holds
+plan — when it was submitted, in ms after the statement began, and how long it ran: the gaps are
+the driver's time between jobs). The first ``--warm-up`` rounds are not counted; the table printed holds
 the median time of the other rounds, and the jobs of the last one. Finally both mirrors are
 compared with their source (``verify_table``).
 """

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cdc_assets.apply import follower
+from cdc_assets.apply.follower import MergeFollower
 from cdc_assets.changelog.batch_demand import BatchDemand
 from cdc_assets.config import load_config
 from cdc_assets.pipeline.setup import setup
@@ -30,21 +32,47 @@ def test_a_call_is_answered_by_a_batch_ended_after_it_and_closing_releases_it() 
     caller = threading.Thread(target=lambda: answered.append(demand.call(timeout=30)))
     caller.start()
     wait_until(lambda: demand.calls == 1, 10, "the call")
-    demand.answer(0)  # a batch ended before the call: not its answer
+    demand.answer(0, made=True)  # a batch ended before the call: not its answer
     caller.join(0.2)
     assert caller.is_alive() and not answered
-    demand.answer(1)
+    demand.answer(1, made=True)
     caller.join(10)
     assert answered == [True]
     assert demand.call(timeout=0.01) is False  # nobody answers: the wait ends at its timeout
+    nothing_new = threading.Thread(target=lambda: answered.append(demand.call(timeout=30)))
+    nothing_new.start()
+    wait_until(lambda: demand.calls == 3, 10, "the third call")
+    demand.answer(3, made=False)  # answered, but no batch was durable: nothing to look at
+    nothing_new.join(10)
     started = time.monotonic()
     waiting = threading.Thread(target=lambda: answered.append(demand.call(timeout=30)))
     waiting.start()
-    wait_until(lambda: demand.calls == 3, 10, "the third call")
+    wait_until(lambda: demand.calls == 4, 10, "the fourth call")
     demand.close()
     waiting.join(10)
-    assert answered == [True, False] and time.monotonic() - started < 10
+    assert answered == [True, False, False] and time.monotonic() - started < 10
     assert demand.call(timeout=30) is False  # closed: at once
+
+
+def test_a_worker_calls_once_a_round_and_only_for_changes_the_drain_holds(tmp_path: Path) -> None:
+    """:meth:`MergeFollower._calls_now` (the threads are not started): a worker calls when it has
+    merged a table or tables are queued, the drain holds changes no batch made durable, the last
+    look is old enough, and no table due after the last call is still unmerged."""
+    config = load_config(write_config(tmp_path, [TABLE]), environ={DSN_VARIABLE: "postgresql://unused"})
+    demand = BatchDemand()
+    following = MergeFollower(config, None, lambda applied: None, demand=demand)  # type: ignore[arg-type]
+    following._looked_at = time.monotonic() - follower.CALL_AFTER_SECONDS
+    assert not following._calls_now(demand, merged=True)  # the drain holds nothing new
+    demand.received = True
+    assert following._calls_now(demand, merged=True)
+    assert not following._calls_now(demand, merged=False)  # nothing merged, nothing queued
+    following._queue[TABLE] = 1
+    assert following._calls_now(demand, merged=False)
+    following._round = {TABLE}  # due after the last call, not merged since
+    assert not following._calls_now(demand, merged=True)
+    following._round = set()
+    following._looked_at = time.monotonic() + 60  # a look just now
+    assert not following._calls_now(demand, merged=True)
 
 
 def test_a_change_received_during_a_merge_is_merged_after_it_not_at_the_next_timed_batch(

@@ -13,7 +13,8 @@ done with one, while the last look is older than :data:`CALL_AFTER_SECONDS`, fir
 drain for a batch of what it has received
 (:class:`~cdc_assets.changelog.batch_demand.BatchDemand`) and waits for the look at it, at most
 ``drain.commit_seconds``: a table merged back to back takes the changes that came during its last
-merge, not those of a batch up to ``commit_seconds`` old. What a merge does is
+merge, not those of a batch up to ``commit_seconds`` old — once a round: not again until every table
+due after the call has been merged, and only while the drain holds changes not yet durable. What a merge does is
 exactly what ``cdc-assets apply`` does for the table, on its mirror opened for writing
 (:func:`~cdc_assets.apply.write_path.write_mirror`: the table's write lock on the source, which the
 table's maintenance takes too — no Dagster pool orders a follower's merges). While the source
@@ -100,6 +101,7 @@ class MergeFollower:
         self._queue: dict[str, int] = {}  # tables due: the look that found each one due
         self._merging: dict[str, int] = {}  # tables being merged: the look they were due since
         self._again: dict[str, int] = {}  # changed while merging: due once that merge ends, since this look
+        self._round: set[str] = set()  # due after the last call for a batch, not merged since
         self._closing = False
         self._finish = True
         self._error: BaseException | None = None
@@ -235,6 +237,7 @@ class MergeFollower:
                     finally:
                         with self._lock:
                             self._merging.pop(table)
+                            self._round.discard(table)
                             if table in self._again:
                                 self._queue[table] = self._again.pop(table)
                             lined_up = not self._queue and not self._merging
@@ -264,20 +267,30 @@ class MergeFollower:
         forget_fences()
 
     def _call_for_batch(self, merged: bool) -> None:
-        """When the last look is older than :data:`CALL_AFTER_SECONDS` and tables are queued or
-        this worker has ``merged`` one, call on the drain for a batch and wait for a look after it
-        (each at most ``drain.commit_seconds``): the next merge takes the changes received
-        meanwhile, and a table they changed is due now rather than at the drain's next batch."""
-        wait = self._config.drain.commit_seconds
-        with self._lock:
-            stale = time.monotonic() - self._looked_at >= CALL_AFTER_SECONDS
-            if self._demand is None or not (self._queue or merged) or self._closing or not stale:
-                return
-        if self._demand.call(wait):
+        """Call on the drain for a batch and wait for a look after it (each at most
+        ``drain.commit_seconds``) — so the next merge takes the changes received meanwhile, and a
+        table they changed is due now rather than at the drain's next batch — when tables are
+        queued or this worker has ``merged`` one, the drain holds changes not yet durable, the last
+        look is older than :data:`CALL_AFTER_SECONDS`, and every table due after the last call's
+        batch has been merged since (one call a round: with many tables due, a batch a merge would
+        only make the drain's batches small)."""
+        demand, wait = self._demand, self._config.drain.commit_seconds
+        if demand is None or not self._calls_now(demand, merged):
+            return
+        if demand.call(wait):
             with self._lock:
                 looks = self._looks
                 self._changed.set()  # a look after the batch (the batch's own may be done already)
                 self._lock.wait_for(lambda: self._looks > looks or self._closing, wait)
+                self._round = set(self._queue) | set(self._merging) | set(self._again)
+
+    def _calls_now(self, demand: BatchDemand, merged: bool) -> bool:
+        """Whether a worker that has ``merged`` a table (or not) calls for a batch now (see
+        :meth:`_call_for_batch`)."""
+        with self._lock:
+            if self._round or self._closing or not (self._queue or merged) or not demand.received:
+                return False
+            return time.monotonic() - self._looked_at >= CALL_AFTER_SECONDS
 
     def _next(self) -> str | None:
         """The next table to merge, or None once closed with nothing left to do (or not finishing)."""

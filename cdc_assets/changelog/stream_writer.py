@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cdc_assets.changelog.batch_demand import BatchDemand
+from cdc_assets.changelog.batch_demand import POLL_SECONDS, BatchDemand
 from cdc_assets.changelog.checkpoint import Checkpoint, write_checkpoint
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.changelog.store import LogStore
@@ -135,6 +135,8 @@ class StreamWriter:
                 wake = due if caught_up else min(due, asked + PING_SECONDS)
                 if deadline is not None:
                     wake = min(wake, deadline)
+                if demand is not None:
+                    wake = min(wake, now + POLL_SECONDS)
                 frame = backlog or stream.next(timeout=max(0.0, wake - now))
                 backlog = None
                 if isinstance(frame, MessageBlock) and not reached:
@@ -144,6 +146,8 @@ class StreamWriter:
                         at = 0 if now >= due else batch_changes - fed - 1
                         frame, backlog = frame.split_after(TRANSACTION_ENDS, at)
                     fed += assembler.feed_blocks([frame])
+                    if demand is not None:
+                        demand.received = fed > 0
                     fault_point("mid-batch")
                 elif isinstance(frame, StreamPosition):
                     if assembler.between_transactions:
@@ -156,10 +160,12 @@ class StreamWriter:
                 finished = reached or (caught_up and (deadline is None or now >= deadline))
                 if assembler.between_transactions and (finished or now >= due or fed >= batch_changes):
                     with interrupts_deferred():  # an interrupt lands after the batch, not inside it
-                        self._durable(stream, position if upto is None else min(position, upto))
-                    if demand is not None and calls > answered:
-                        demand.answer(calls)
-                        answered = calls
+                        made = self._durable(stream, position if upto is None else min(position, upto))
+                    if demand is not None:
+                        demand.received = False
+                        if calls > answered:
+                            demand.answer(calls, made=made)
+                            answered = calls
                     if finished:
                         break
                     stream.ping()  # a fresh position for the next batch
@@ -181,15 +187,16 @@ class StreamWriter:
         self.assembler.discard()
         self.assembler = self.new_assembler()
 
-    def _durable(self, stream: SlotStream, position: int) -> None:
+    def _durable(self, stream: SlotStream, position: int) -> bool:
         """Make the batch durable — segments, checkpoint, then the confirmed position — and start
-        the next one. Its checkpoint is the end of its last transaction, or the server's position if
-        that is later (nothing before it is left to receive)."""
+        the next one; False if there was nothing to make durable. Its checkpoint is the end of its
+        last transaction, or the server's position if that is later (nothing before it is left to
+        receive)."""
         assembler = self.assembler
         assembler.flush()
         lsn = max(assembler.last_end_lsn, position)
         if lsn <= self.checkpoint.lsn:
-            return
+            return False
         writer = self.writer
         checkpoint = writer.close(lsn)
         fault_point("after-segments")
@@ -219,6 +226,7 @@ class StreamWriter:
                     time.monotonic() - self.started,
                 )
             )
+        return True
 
     def _count(self, writer: BatchWriter) -> None:
         written, summary = self.written, writer.summary

@@ -9,12 +9,12 @@ table whose oldest unmerged change came with the oldest durable batch is merged 
 among the tables of one batch), so no table waits behind a busy one. Each merge reads the
 checkpoint when it starts, so it takes every batch durable by then: the tables queued behind a
 long merge are not held to the position of an older look. A worker about to take a table, or
-done with one, while the last look is older than :data:`CALL_AFTER_SECONDS`, first calls on the
-drain for a batch of what it has received
+done with one, first calls on the drain for a batch of what it has received
 (:class:`~cdc_assets.changelog.batch_demand.BatchDemand`) and waits for the look at it, at most
-``drain.commit_seconds``: a table merged back to back takes the changes that came during its last
-merge, not those of a batch up to ``commit_seconds`` old — once a round: not again until every table
-due after the call has been merged, and only while the drain holds changes not yet durable. What a merge does is
+``drain.commit_seconds`` — once a round (not again until every table due after the call has been
+merged), while the drain holds changes not yet durable and the last look is older than
+:data:`CALL_AFTER_SECONDS`: a table merged back to back takes the changes that came during its
+last merge, not those of a batch up to ``commit_seconds`` old. What a merge does is
 exactly what ``cdc-assets apply`` does for the table, on its mirror opened for writing
 (:func:`~cdc_assets.apply.write_path.write_mirror`: the table's write lock on the source, which the
 table's maintenance takes too — no Dagster pool orders a follower's merges). While the source

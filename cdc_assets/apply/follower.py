@@ -66,8 +66,8 @@ from cdc_assets.source.reconnect import Backoff, connection_lost
 log = logging.getLogger(__name__)
 
 CALL_AFTER_SECONDS = 0.25
-"""How old the last look may be when a worker takes a table before it calls for a batch first:
-younger, the batch would bring little and cost a durable write (and its wait) per merge."""
+"""A worker calls for a batch only when the last look is at least this old: after a younger one
+the batch would bring little, for a durable write and a wait."""
 
 
 class MergeFollower:

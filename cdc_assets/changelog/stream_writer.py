@@ -124,7 +124,7 @@ class StreamWriter:
         backlog: MessageBlock | None = None  # the rest of a block split at a batch's end
         asked = last_batch = time.monotonic()
         demand = self.demand
-        answered = calls = 0  # a merge's calls for a batch: answered so far, and made so far
+        answered = calls = 0  # merges' calls for a batch: how many are answered, how many were seen
         stream.ping()
         try:
             while True:

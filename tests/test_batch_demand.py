@@ -104,7 +104,5 @@ def test_a_change_received_during_a_merge_is_merged_after_it_not_at_the_next_tim
     finally:
         follower.join(FOLLOW_SECONDS * 3)
     assert merged_after < FOLLOW_SECONDS and results
-    [drained] = results[0].drains
-    assert drained.batches >= 2  # the called batch, then the last one
     with pg.connect() as conn:
         assert_delta_equals_source(conn, config, [TABLE])

@@ -70,8 +70,8 @@ import pyarrow as pa
 
 from cdc_assets.apply.merge import MergeCounts, write_plan
 from cdc_assets.apply.session import quiet_start, spark_session
-from cdc_assets.apply.spark_types import delta_arrow_type, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, app_id, delta_schema
+from cdc_assets.apply.spark_types import delta_arrow_type, delta_schema, to_delta_arrow
+from cdc_assets.apply.target import DeltaTarget, app_id
 from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.config import SparkConfig
 from cdc_assets.pgoutput.arrow import ChangeRecordBuilder

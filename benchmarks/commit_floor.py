@@ -58,7 +58,8 @@ import psycopg
 
 from cdc_assets.apply.runner import apply_tables
 from cdc_assets.apply.session import quiet_start, spark_session
-from cdc_assets.apply.target import DEFAULT_TABLE_PROPERTIES, backquote
+from cdc_assets.apply.spark_literals import backquote
+from cdc_assets.apply.target import DEFAULT_TABLE_PROPERTIES
 from cdc_assets.config import Config, load_config
 from cdc_assets.pipeline.drain import drain
 from cdc_assets.pipeline.parity import verify_table

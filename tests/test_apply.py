@@ -30,21 +30,20 @@ import pytest
 from deltalake import DeltaTable as RustDeltaTable
 
 from cdc_assets.apply.column_types import ColumnTypeError
-from cdc_assets.apply.merge import ApplyError, MergeCounts, _key_bounds, write_plan
-from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
-from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
-from cdc_assets.apply.table_files import table_files
-from cdc_assets.apply.target import (
+from cdc_assets.apply.commit_settings import (
     ADAPTIVE_EXECUTION,
-    APPLIED_KEY,
     CODEGEN_FACTORY,
     DELETE_DELETION_VECTORS,
     MATERIALIZE_SOURCE,
     MERGE_DELETION_VECTORS,
     SHUFFLE_PARTITIONS,
     SMALL_BATCH_ROWS,
-    delta_target,
 )
+from cdc_assets.apply.merge import ApplyError, MergeCounts, _key_bounds, write_plan
+from cdc_assets.apply.resolved_jars import DEFAULT_IVY_HOME, record_jars, recorded_jars
+from cdc_assets.apply.session import delta_package, hadoop_aws_package, session_settings
+from cdc_assets.apply.table_files import table_files
+from cdc_assets.apply.target import APPLIED_KEY, delta_target
 from cdc_assets.changelog.planner import plan_changes
 from cdc_assets.changelog.reader import ChangeLogReader
 from cdc_assets.config import SparkConfig

@@ -18,8 +18,7 @@ from collections.abc import Callable
 from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
-from cdc_assets.apply.spark_literals import sql_string
-from cdc_assets.apply.target import backquote
+from cdc_assets.apply.spark_literals import backquote, sql_string
 from cdc_assets.errors import CdcError
 from cdc_assets.names import TableName
 

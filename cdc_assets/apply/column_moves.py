@@ -22,9 +22,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from cdc_assets.apply.spark_literals import spark_literal, sql_string
+from cdc_assets.apply.spark_literals import backquote, spark_literal, sql_string
 from cdc_assets.apply.spark_types import delta_arrow_type, spark_schema, spark_type, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, backquote
+from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.changelog.column_lineage import ColumnNames, Lineage, carry_columns, copy_names
 from cdc_assets.changelog.schema_changes import TableDdl
 from cdc_assets.faults import fault_point

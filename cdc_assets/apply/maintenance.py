@@ -32,8 +32,9 @@ from dataclasses import dataclass, replace
 from pyspark.sql import SparkSession
 
 from cdc_assets.apply.consistent_points import point_files_since
+from cdc_assets.apply.spark_literals import backquote
 from cdc_assets.apply.table_files import TableFiles, table_files
-from cdc_assets.apply.target import DeltaTarget, backquote
+from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.apply.write_path import Mirror, write_mirror
 from cdc_assets.config import Config, MaintenanceConfig, TableConfig
 from cdc_assets.faults import fault_point

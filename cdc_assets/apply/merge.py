@@ -46,9 +46,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cdc_assets.apply.in_process import append_in_process, merge_in_process, writes_in_process
-from cdc_assets.apply.spark_literals import spark_literal
+from cdc_assets.apply.spark_literals import backquote, spark_literal
 from cdc_assets.apply.spark_types import spark_schema, to_delta_arrow
-from cdc_assets.apply.target import DeltaTarget, backquote
+from cdc_assets.apply.target import DeltaTarget
 from cdc_assets.changelog.planner import ChangePlan
 from cdc_assets.errors import CdcError
 from cdc_assets.faults import fault_point

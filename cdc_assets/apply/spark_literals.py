@@ -12,6 +12,11 @@ _INTEGER_SUFFIX = {8: "Y", 16: "S", 32: "", 64: "L"}
 _FLOAT_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
+def backquote(name: str) -> str:
+    """A name (column, path) quoted for Spark SQL."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def sql_string(text: str) -> str:
     """A Spark SQL string literal of ``text`` (backslash escapes, as Spark's parser reads them)."""
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -13,10 +13,14 @@ local-time ``TIMESTAMP``), so the schema passed to Spark is built here too.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
+
+from cdc_assets.pgoutput.records import DeltaColumn
 
 INTERVAL_TYPE = pa.struct(
     [pa.field("months", pa.int32()), pa.field("days", pa.int32()), pa.field("microseconds", pa.int64())]
@@ -141,3 +145,20 @@ def _interval_struct(array: pa.Array) -> pa.StructArray:
         fields=list(INTERVAL_TYPE),
         mask=array.is_null() if array.null_count else None,
     )
+
+
+def delta_schema(columns: pa.Schema) -> T.StructType:
+    """The Spark schema of a mirrored table: its columns, then the metadata columns."""
+    fields = [T.StructField(f.name, spark_type(f.type), True) for f in columns]
+    fields += [
+        T.StructField(DeltaColumn.LSN, T.LongType(), True),
+        T.StructField(DeltaColumn.COMMIT_TIME, T.TimestampType(), True),
+    ]
+    return T.StructType(fields)
+
+
+def without_metadata(schema: Any) -> Any:
+    """A Delta schema's JSON without its fields' metadata, at every depth."""
+    if isinstance(schema, dict):
+        return {key: without_metadata(value) for key, value in schema.items() if key != "metadata"}
+    return [without_metadata(item) for item in schema] if isinstance(schema, list) else schema

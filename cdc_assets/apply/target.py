@@ -28,7 +28,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 from deltalake import CommitProperties, Transaction
@@ -45,8 +44,16 @@ from cdc_assets.apply.column_types import (
     recorded_source_types,
     source_types_property,
 )
-from cdc_assets.apply.spark_literals import sql_string
-from cdc_assets.apply.spark_types import spark_type
+from cdc_assets.apply.commit_settings import (
+    REPLACE_MATERIALIZE_SOURCE,
+    TXN_APP_ID,
+    TXN_VERSION,
+    USER_METADATA,
+    settings_around,
+    small_table_settings,
+)
+from cdc_assets.apply.spark_literals import backquote, sql_string
+from cdc_assets.apply.spark_types import delta_schema, spark_type, without_metadata
 from cdc_assets.apply.table_files import data_bytes, data_files
 from cdc_assets.config import Config, TableConfig
 from cdc_assets.errors import CdcError, StorageError
@@ -59,31 +66,11 @@ DEFAULT_TABLE_PROPERTIES = {
     "delta.enableDeletionVectors": "true",
     "delta.columnMapping.mode": "name",
 }
-TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
-TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
-# A commit into a small table (docs/architecture.md, "Small tables"): the files a MERGE or a REPLACE
-# ON changes are rewritten instead of marked in deletion vectors; its plan runs as planned, in one
-# partition after each shuffle (adaptive execution makes a Spark job of every shuffle stage — 4 of a tiny MERGE's 11
-# jobs — and without it the rewrite writes a file per shuffle partition); a source that is the batch's
-# own rows is not copied first (Delta materializes a MERGE's source lest a second read give other
-# rows: rows held in the driver cannot); a small batch's expressions are evaluated without
-# generating code.
-MERGE_DELETION_VECTORS = "spark.databricks.delta.merge.deletionVectors.persistent"
-DELETE_DELETION_VECTORS = "spark.databricks.delta.delete.deletionVectors.persistent"
-ADAPTIVE_EXECUTION = "spark.sql.adaptive.enabled"
-SHUFFLE_PARTITIONS = "spark.sql.shuffle.partitions"
-MATERIALIZE_SOURCE = "spark.databricks.delta.merge.materializeSource"
-CODEGEN_FACTORY = "spark.sql.codegen.factoryMode"
 CHANGE_DATA_FEED = "delta.enableChangeDataFeed"
 ONE_FILE_ROWS = 100_000
 """A REPLACE ON of fewer rows appends them as one file (not one per partition of the batch): a busy
 table takes a batch every few seconds, and each file is one more task in every later scan until
 maintenance compacts them."""
-REPLACE_MATERIALIZE_SOURCE = "spark.databricks.delta.insertReplaceOnOrUsing.materializeSource"
-"""Whether a REPLACE ON copies its rows before it starts (lest its two reads of them differ): never
-for :meth:`DeltaTarget.replace`, whose rows are a batch's, held in the driver."""
-SMALL_BATCH_ROWS = 10_000
 APPLIED_KEY = "cdc_assets_applied_lsn"
 """The key of a data commit's user metadata (a JSON object) that holds the LSN it applied."""
 NOTE_KEY = "cdc_assets_note"
@@ -247,24 +234,9 @@ class DeltaTarget:
 
     def small_commit_settings(self, batch_rows: int, local_source: bool = False) -> dict[str, str]:
         """Spark settings for a commit of ``batch_rows`` rows: on a table whose data files add up to
-        less than ``small_table_bytes``, a MERGE or REPLACE ON rewrites the files it changes (no
-        deletion vectors), runs without adaptive execution in one shuffle partition, and does not copy a
-        ``local_source`` (the batch's rows alone, not a read of the table) before it starts; a
-        batch of fewer than ``SMALL_BATCH_ROWS`` rows is evaluated without generated code — each
-        costs a tiny MERGE more than it saves (docs/architecture.md, "Small tables")."""
-        if not self.is_small():
-            return {}
-        settings = {
-            MERGE_DELETION_VECTORS: "false",
-            DELETE_DELETION_VECTORS: "false",
-            ADAPTIVE_EXECUTION: "false",
-            SHUFFLE_PARTITIONS: "1",
-        }
-        if local_source:
-            settings[MATERIALIZE_SOURCE] = "none"
-        if batch_rows < SMALL_BATCH_ROWS:
-            settings[CODEGEN_FACTORY] = "NO_CODEGEN"
-        return settings
+        less than ``small_table_bytes``, those of :func:`~cdc_assets.apply.commit_settings.small_table_settings`;
+        none otherwise."""
+        return small_table_settings(batch_rows, local_source) if self.is_small() else {}
 
     def fence(self) -> None:
         """Record the table's applied LSN again, in a commit of its own, so that a commit another
@@ -384,7 +356,7 @@ class DeltaTarget:
     def spark_schema(self) -> T.StructType:
         """The table's columns in Spark types, from its Delta log (Delta stores Spark's schema JSON;
         the fields' metadata, such as column mapping's, left out as a read of the table does)."""
-        return T.StructType.fromJson(_without_metadata(json.loads(self._table().schema().to_json())))
+        return T.StructType.fromJson(without_metadata(json.loads(self._table().schema().to_json())))
 
     def evolve(self, change: SchemaChange) -> None:
         """Apply a schema change: ADD / DROP COLUMN in place (column mapping), a changed type by
@@ -490,18 +462,8 @@ class DeltaTarget:
         }
         if idempotent:
             settings |= {TXN_APP_ID: self.app, TXN_VERSION: str(lsn)}
-        conf = self.spark.conf
-        before = conf.getAll  # the session's own settings (16 shuffle partitions, the user's): put back after
-        for key, value in settings.items():
-            conf.set(key, value)
-        try:
+        with settings_around(self.spark, settings):
             yield
-        finally:
-            for key in settings:
-                if key in before:
-                    conf.set(key, before[key])
-                else:
-                    conf.unset(key)
 
     def commit_in_process(
         self, write: Callable[[RustDeltaTable, CommitProperties], dict[str, int]], lsn: int
@@ -548,25 +510,3 @@ def is_delta_conflict(error: BaseException) -> bool:
     """Whether ``error`` is a Delta commit that lost to a concurrent commit (classic or Connect)."""
     text = str(error)
     return isinstance(error, CommitFailedError) or any(marker in text for marker in DELTA_CONFLICTS)
-
-
-def delta_schema(columns: pa.Schema) -> T.StructType:
-    """The Spark schema of a mirrored table: its columns, then the metadata columns."""
-    fields = [T.StructField(f.name, spark_type(f.type), True) for f in columns]
-    fields += [
-        T.StructField(DeltaColumn.LSN, T.LongType(), True),
-        T.StructField(DeltaColumn.COMMIT_TIME, T.TimestampType(), True),
-    ]
-    return T.StructType(fields)
-
-
-def _without_metadata(schema: Any) -> Any:
-    """A Delta schema's JSON without its fields' metadata, at every depth."""
-    if isinstance(schema, dict):
-        return {key: _without_metadata(value) for key, value in schema.items() if key != "metadata"}
-    return [_without_metadata(item) for item in schema] if isinstance(schema, list) else schema
-
-
-def backquote(name: str) -> str:
-    """A name (column, path) quoted for Spark SQL."""
-    return "`" + name.replace("`", "``") + "`"

@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_assets.apply.commit_settings import settings_around
 from cdc_assets.apply.spark_literals import backquote, spark_literal, sql_string
 from cdc_assets.apply.spark_types import delta_arrow_type, spark_schema, spark_type, to_delta_arrow
 from cdc_assets.apply.target import DeltaTarget
@@ -242,11 +243,8 @@ def _fill(target: DeltaTarget, name: str, value: pa.Scalar) -> None:
     column = backquote(name)
     literal = spark_literal(value.as_py(), value.type)
     if literal is not None:  # every row changes: rewriting the files beats marking each row deleted
-        target.spark.conf.set(UPDATE_DELETION_VECTORS, "false")
-        try:
+        with settings_around(target.spark, {UPDATE_DELETION_VECTORS: "false"}):
             (result,) = target.execute(f"UPDATE {target.sql_name} SET {column} = {literal} WHERE {column} IS NULL")
-        finally:
-            target.spark.conf.unset(UPDATE_DELETION_VECTORS)
     else:
         rows = to_delta_arrow(pa.table({"v": pa.array([value.as_py()], value.type)}))
         view = f"cdc_default_{uuid.uuid4().hex}"

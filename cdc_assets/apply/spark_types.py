@@ -149,12 +149,11 @@ def _interval_struct(array: pa.Array) -> pa.StructArray:
 
 def delta_schema(columns: pa.Schema) -> T.StructType:
     """The Spark schema of a mirrored table: its columns, then the metadata columns."""
-    fields = [T.StructField(f.name, spark_type(f.type), True) for f in columns]
-    fields += [
+    metadata = [
         T.StructField(DeltaColumn.LSN, T.LongType(), True),
         T.StructField(DeltaColumn.COMMIT_TIME, T.TimestampType(), True),
     ]
-    return T.StructType(fields)
+    return T.StructType([*spark_schema(columns).fields, *metadata])
 
 
 def without_metadata(schema: Any) -> Any:

@@ -30,6 +30,7 @@ import psycopg
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
+from cdc_assets.apply.commit_settings import settings_around
 from cdc_assets.apply.target import delta_table_exists
 from cdc_assets.config import Config, TableConfig
 from tests.support.rows import (
@@ -233,14 +234,5 @@ def report(results: list[TableDiff], limit: int = MAX_LINES) -> str:
 @contextmanager
 def fast_spark(spark: Any) -> Iterator[None]:
     """:data:`FAST_SPARK` on the shared session for the duration; the previous values restored."""
-    saved = {key: spark.conf.get(key, None) for key in FAST_SPARK}
-    for key, value in FAST_SPARK.items():
-        spark.conf.set(key, value)
-    try:
+    with settings_around(spark, FAST_SPARK):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
